@@ -1,0 +1,135 @@
+#pragma once
+// Device helpers shared by the specdec_kernels CUDA sources (nvcc only).
+// Nothing here touches torch: callers hand us raw pointers and a dtype code.
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+// Throws instead of aborting so that pybind11 surfaces a Python RuntimeError.
+#define SPECDEC_CUDA_CHECK(expr)                                              \
+  do {                                                                        \
+    const cudaError_t specdec_err_ = (expr);                                  \
+    if (specdec_err_ != cudaSuccess) {                                        \
+      throw std::runtime_error(std::string("specdec_kernels: ") + #expr +     \
+                               " failed: " + cudaGetErrorString(specdec_err_)); \
+    }                                                                         \
+  } while (0)
+
+namespace specdec {
+
+// Must match the codes the Python wrapper passes (torch dtype -> int).
+enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// ---------------------------------------------------------------------------
+// Loads. Every element is widened to fp32 before comparing; fp16/bf16 -> fp32
+// is exact, so the comparison matches torch's `.float()` reference bit for bit.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Elements per 16-byte vector load.
+template <typename T>
+struct Vec16 {
+  static constexpr int kElems = 16 / static_cast<int>(sizeof(T));
+};
+
+// One 16-byte read-only load unpacked to fp32. `p` must be 16-byte aligned.
+// Unpacking from the raw words avoids type-punning the half/bf16 classes.
+__device__ __forceinline__ void load_vec16(const float* p, float (&out)[4]) {
+  const uint4 r = __ldg(reinterpret_cast<const uint4*>(p));
+  out[0] = __uint_as_float(r.x);
+  out[1] = __uint_as_float(r.y);
+  out[2] = __uint_as_float(r.z);
+  out[3] = __uint_as_float(r.w);
+}
+
+__device__ __forceinline__ void load_vec16(const __half* p, float (&out)[8]) {
+  const uint4 r = __ldg(reinterpret_cast<const uint4*>(p));
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {  // little endian: low half is the lower index
+    out[2 * k] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[k] & 0xFFFFu)));
+    out[2 * k + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[k] >> 16)));
+  }
+}
+
+__device__ __forceinline__ void load_vec16(const __nv_bfloat16* p, float (&out)[8]) {
+  const uint4 r = __ldg(reinterpret_cast<const uint4*>(p));
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {  // bf16 is the top half of an fp32: shifting is exact
+    out[2 * k] = __uint_as_float(w[k] << 16);
+    out[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Order-preserving float -> uint32 map, so an argmax can be packed into one
+// integer and combined with atomicMax. Pure integer logic, so --use_fast_math
+// cannot change it.
+//  * NaN ranks like -inf (contract: NaN is treated as -inf).
+//  * -0.0 maps like +0.0: they compare equal in torch, so they must tie and
+//    let the lower index win.
+//  * Every real value maps to >= 0x007FFFFF (-inf), so 0 means "no element".
+// ---------------------------------------------------------------------------
+__host__ __device__ __forceinline__ uint32_t order_preserving_bits_from_raw(uint32_t u) {
+  const uint32_t mag = u & 0x7FFFFFFFu;
+  if (mag > 0x7F800000u) u = 0xFF800000u;  // any NaN -> -inf
+  if (mag == 0u) return 0x80000000u;       // +-0 -> +0
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ uint32_t order_preserving_bits(float f) {
+  return order_preserving_bits_from_raw(__float_as_uint(f));
+}
+
+// key = (value bits << 32) | (0xFFFFFFFF - index): the max key is the max
+// value, and among equal values the lowest index. Key 0 = empty slot.
+__host__ __device__ __forceinline__ unsigned long long make_argmax_key(uint32_t ord, uint32_t idx) {
+  return (static_cast<unsigned long long>(ord) << 32) |
+         static_cast<unsigned long long>(0xFFFFFFFFu - idx);
+}
+
+__host__ __device__ __forceinline__ uint32_t argmax_key_index(unsigned long long key) {
+  return 0xFFFFFFFFu - static_cast<uint32_t>(key);
+}
+
+// ---------------------------------------------------------------------------
+// Reductions (no CUB in the minimal toolkit).
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const unsigned long long other = __shfl_xor_sync(0xFFFFFFFFu, v, offset);
+    v = other > v ? other : v;
+  }
+  return v;
+}
+
+// Max over the block; the result is valid in thread 0 (warp 0 in fact).
+// kThreads must be a multiple of 32; `scratch` holds one slot per warp.
+// Contains __syncthreads(): every thread of the block must call it.
+template <int kThreads>
+__device__ __forceinline__ unsigned long long block_max_u64(unsigned long long v,
+                                                            unsigned long long* scratch) {
+  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "block size");
+  constexpr int kWarps = kThreads / 32;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  v = warp_max_u64(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < kWarps ? scratch[lane] : 0ull;
+    v = warp_max_u64(v);
+  }
+  return v;
+}
+
+}  // namespace specdec

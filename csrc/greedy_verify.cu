@@ -1,0 +1,251 @@
+// Greedy verification of speculative-decoding drafts.
+//
+// For each batch row b: accept draft i while it equals argmax(logits[b, i]),
+// then emit the argmax at the first mismatch (or the bonus token). See ops.h.
+//
+// One launch does everything. B can be 1 with V ~150k, so one block per row
+// would use a handful of SMs; instead grid = (splits, G+1, B) and each block
+// reduces one V-chunk of one row to a packed (value, index) key that it
+// atomicMax-es into the workspace. The last block to finish a batch row (found
+// with a per-row atomic counter) reads that row's keys, walks the drafts and
+// writes the outputs: no second kernel and no host sync.
+
+#include <algorithm>
+#include <atomic>
+
+#include "common.cuh"
+#include "ops.h"
+
+namespace specdec {
+namespace {
+
+constexpr int kThreads = 256;
+// Chunk starts are multiples of 8 elements (16 B of fp16/bf16, 32 B of fp32),
+// so a 16-byte-aligned row keeps every chunk 16-byte aligned.
+constexpr int64_t kChunkAlign = 8;
+// Below ~4k elements per block the atomics/tail cost more than the extra
+// parallelism buys.
+constexpr int64_t kMinChunk = 4096;
+// Enough resident blocks to hide memory latency at small B.
+constexpr int64_t kBlocksPerSM = 4;
+constexpr int kMaxCachedDevices = 64;
+
+__device__ __forceinline__ int drafts_in_row(const int64_t* num_draft_tokens, int b, int G) {
+  if (num_draft_tokens == nullptr) return G;
+  const int64_t n = num_draft_tokens[b];
+  return n < 0 ? 0 : (n > G ? G : static_cast<int>(n));
+}
+
+// Each thread visits its indices in increasing order, so a strict '>' keeps
+// the lowest index among equal values.
+__device__ __forceinline__ void consider(float v, int64_t idx, uint32_t& best_ord,
+                                         uint32_t& best_idx) {
+  const uint32_t ord = order_preserving_bits(v);
+  if (ord > best_ord) {
+    best_ord = ord;
+    best_idx = static_cast<uint32_t>(idx);
+  }
+}
+
+// Keys always come from a real element, so the index is < V; the clamp only
+// guarantees a valid token id even if that invariant were ever broken.
+__device__ __forceinline__ int64_t key_to_token(unsigned long long key, int V) {
+  const uint32_t idx = argmax_key_index(key);
+  return idx < static_cast<uint32_t>(V) ? static_cast<int64_t>(idx) : 0;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+greedy_verify_kernel(const T* __restrict__ logits, int64_t stride_b, int64_t stride_g,
+                     const int64_t* __restrict__ draft_tokens,
+                     const int64_t* __restrict__ num_draft_tokens,
+                     int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted,
+                     unsigned long long* keys, unsigned int* counters, int G, int V,
+                     int chunk) {
+  __shared__ unsigned long long warp_scratch[kThreads / 32];
+  __shared__ bool is_last_block;
+  __shared__ int s_accepted;
+  __shared__ int64_t s_next_token;
+
+  const int split = blockIdx.x;
+  const int pos = blockIdx.y;
+  const int b = blockIdx.z;
+  const int n = drafts_in_row(num_draft_tokens, b, G);
+  // Positions past n_b are never looked at; the whole block leaves together
+  // (before any barrier) and is not counted below.
+  if (pos > n) return;
+
+  // ---- 1. argmax of this block's chunk ------------------------------------
+  const int64_t start = static_cast<int64_t>(split) * chunk;
+  const int64_t end = min(static_cast<int64_t>(V), start + chunk);
+  const T* row = logits + static_cast<int64_t>(b) * stride_b + static_cast<int64_t>(pos) * stride_g;
+
+  uint32_t best_ord = 0;            // below every real element, even -inf/NaN
+  uint32_t best_idx = 0xFFFFFFFFu;  // -> key 0 for threads with no element
+  int64_t scalar_from = start;
+  if (reinterpret_cast<uintptr_t>(row + start) % 16 == 0) {  // uniform per block
+    constexpr int kVec = Vec16<T>::kElems;
+    const int64_t num_vec = (end - start) / kVec;
+    const T* base = row + start;
+#pragma unroll 4
+    for (int64_t v = threadIdx.x; v < num_vec; v += kThreads) {
+      float vals[kVec];
+      load_vec16(base + v * kVec, vals);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) consider(vals[k], start + v * kVec + k, best_ord, best_idx);
+    }
+    scalar_from = start + num_vec * kVec;  // tail indices exceed all vector ones
+  }
+  for (int64_t idx = scalar_from + threadIdx.x; idx < end; idx += kThreads) {
+    consider(to_float(row[idx]), idx, best_ord, best_idx);
+  }
+
+  const unsigned long long key =
+      block_max_u64<kThreads>(make_argmax_key(best_ord, best_idx), warp_scratch);
+
+  // ---- 2. merge into the row's key; elect the last block of batch row b ----
+  if (threadIdx.x == 0) {
+    atomicMax(&keys[static_cast<int64_t>(b) * (G + 1) + pos], key);
+    __threadfence();  // our key must be visible before we count ourselves done
+    const unsigned int blocks_in_row = static_cast<unsigned int>(n + 1) * gridDim.x;
+    is_last_block = atomicAdd(&counters[b], 1u) == blocks_in_row - 1;
+  }
+  __syncthreads();
+  if (!is_last_block) return;
+  __threadfence();  // pairs with the writers' fences before reading their keys
+
+  // ---- 3. last block: walk the drafts (n_b <= G is small: one thread) -------
+  if (threadIdx.x == 0) {
+    unsigned long long* row_keys = keys + static_cast<int64_t>(b) * (G + 1);
+    const int64_t* row_drafts = draft_tokens + static_cast<int64_t>(b) * G;
+    int accepted = 0;
+    int64_t next_token = 0;
+    bool stopped = false;
+    for (int j = 0; j <= n; ++j) {
+      // atomicExch reads the final key from L2 and re-zeroes the slot, so the
+      // workspace is clean for the next call / graph replay.
+      const int64_t am = key_to_token(atomicExch(&row_keys[j], 0ull), V);
+      if (stopped) continue;
+      // am is in [0, V), so out-of-range drafts (-1, >= V) never match.
+      if (j < n && row_drafts[j] == am) {
+        ++accepted;
+      } else {
+        next_token = am;  // correction at the mismatch, or the bonus at j == n
+        stopped = true;
+      }
+    }
+    counters[b] = 0;  // every block of row b has already incremented it
+    num_accepted[b] = accepted;
+    s_accepted = accepted;
+    s_next_token = next_token;
+  }
+  __syncthreads();
+
+  const int a = s_accepted;
+  int64_t* row_out = out_tokens + static_cast<int64_t>(b) * (G + 1);
+  for (int j = threadIdx.x; j <= G; j += kThreads) {
+    row_out[j] = j < a ? draft_tokens[static_cast<int64_t>(b) * G + j]
+                       : (j == a ? s_next_token : int64_t{-1});
+  }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// SM count of the current device, queried once per device (an attribute
+// query, not a sync, so it is also legal during stream capture).
+int sm_count_of_current_device() {
+  static std::atomic<int> cache[kMaxCachedDevices];  // zero-initialised (static storage)
+  int dev = 0;
+  SPECDEC_CUDA_CHECK(cudaGetDevice(&dev));
+  const bool cacheable = dev >= 0 && dev < kMaxCachedDevices;
+  if (cacheable) {
+    const int cached = cache[dev].load(std::memory_order_relaxed);
+    if (cached > 0) return cached;
+  }
+  int sms = 0;
+  SPECDEC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  sms = std::max(sms, 1);
+  if (cacheable) cache[dev].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+struct SplitPlan {
+  int splits;
+  int chunk;
+};
+
+// Aim for ~kBlocksPerSM blocks per SM over all rows, but never below
+// kMinChunk elements per block. Recomputing splits from the rounded chunk
+// guarantees that every block owns at least one element.
+SplitPlan plan_splits(int64_t rows, int64_t V, int sms) {
+  int64_t splits = ceil_div(kBlocksPerSM * sms, rows);
+  splits = std::max<int64_t>(1, std::min(splits, V / kMinChunk));
+  int64_t chunk = ceil_div(ceil_div(V, splits), kChunkAlign) * kChunkAlign;
+  splits = ceil_div(V, chunk);
+  return {static_cast<int>(splits), static_cast<int>(chunk)};
+}
+
+template <typename T>
+void launch_typed(const void* logits, int64_t stride_b, int64_t stride_g,
+                  const int64_t* draft_tokens, const int64_t* num_draft_tokens,
+                  int64_t* out_tokens, int64_t* num_accepted, unsigned long long* keys,
+                  unsigned int* counters, int64_t B, int64_t G, int64_t V, SplitPlan plan,
+                  cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(G + 1),
+                  static_cast<unsigned>(B));
+  greedy_verify_kernel<T><<<grid, kThreads, 0, stream>>>(
+      static_cast<const T*>(logits), stride_b, stride_g, draft_tokens, num_draft_tokens,
+      out_tokens, num_accepted, keys, counters, static_cast<int>(G), static_cast<int>(V),
+      plan.chunk);
+}
+
+void check_arg(bool ok, const char* what) {
+  if (!ok) throw std::invalid_argument(std::string("specdec_kernels.greedy_verify: ") + what);
+}
+
+}  // namespace
+
+uint64_t greedy_verify_workspace_bytes(int64_t B, int64_t G) {
+  check_arg(B >= 0 && G >= 0, "B and G must be >= 0");
+  return static_cast<uint64_t>(B) * static_cast<uint64_t>(G + 1) * sizeof(unsigned long long) +
+         static_cast<uint64_t>(B) * sizeof(unsigned int);
+}
+
+void launch_greedy_verify(const void* logits, int64_t stride_b, int64_t stride_g,
+                          const int64_t* draft_tokens, const int64_t* num_draft_tokens,
+                          int64_t* out_tokens, int64_t* num_accepted, void* workspace,
+                          int64_t B, int64_t G, int64_t V, int dtype, cudaStream_t stream) {
+  check_arg(dtype == kFloat32 || dtype == kFloat16 || dtype == kBFloat16,
+            "dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)");
+  check_arg(B >= 0 && G >= 0, "B and G must be >= 0");
+  // gridDim.y/z limits; V must leave 0xFFFFFFFF free as the "no element" index.
+  check_arg(B <= 65535 && G + 1 <= 65535, "B and G+1 must be <= 65535");
+  check_arg(V >= 1 && V < 0x7FFFFFFF, "V must be in [1, 2^31 - 1)");
+  if (B == 0) return;  // nothing to do; launching an empty grid is an error
+  check_arg(logits && out_tokens && num_accepted && workspace, "null device pointer");
+  check_arg(G == 0 || draft_tokens, "draft_tokens is null");
+  check_arg(reinterpret_cast<uintptr_t>(workspace) % 8 == 0, "workspace must be 8-byte aligned");
+
+  auto* keys = static_cast<unsigned long long*>(workspace);
+  auto* counters = reinterpret_cast<unsigned int*>(keys + B * (G + 1));
+  const SplitPlan plan = plan_splits(B * (G + 1), V, sm_count_of_current_device());
+
+  switch (dtype) {
+    case kFloat32:
+      launch_typed<float>(logits, stride_b, stride_g, draft_tokens, num_draft_tokens, out_tokens,
+                          num_accepted, keys, counters, B, G, V, plan, stream);
+      break;
+    case kFloat16:
+      launch_typed<__half>(logits, stride_b, stride_g, draft_tokens, num_draft_tokens,
+                           out_tokens, num_accepted, keys, counters, B, G, V, plan, stream);
+      break;
+    default:
+      launch_typed<__nv_bfloat16>(logits, stride_b, stride_g, draft_tokens, num_draft_tokens,
+                                  out_tokens, num_accepted, keys, counters, B, G, V, plan,
+                                  stream);
+      break;
+  }
+  SPECDEC_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace specdec

@@ -1,0 +1,11 @@
+"""specdec-kernels: GPU kernels and thin HF wrappers for speculative decoding.
+
+`specdec_kernels.ops` is the kernel API; `specdec_kernels.reference` its executable
+specification in plain PyTorch; `build_info()` says what this install can run.
+"""
+
+from . import ops, reference
+from ._build_info import build_info
+from ._version import __version__
+
+__all__ = ["__version__", "build_info", "ops", "reference"]

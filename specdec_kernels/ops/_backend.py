@@ -1,0 +1,69 @@
+"""Backend registry and selection: `auto` picks cuda, else triton on a GPU, else torch."""
+
+import functools
+import os
+
+import torch
+
+from .. import _cuda_module
+
+BACKENDS = ("torch", "triton", "cuda")
+_IMPLS: dict[str, dict[str, object]] = {}
+
+
+def register(op: str, backend: str, fn) -> None:
+    assert backend in BACKENDS, backend
+    _IMPLS.setdefault(op, {})[backend] = fn
+
+
+def implementation(op: str, backend: str):
+    return _IMPLS[op][backend]
+
+
+def implemented_backends(op: str) -> tuple[str, ...]:
+    return tuple(b for b in BACKENDS if b in _IMPLS.get(op, {}))
+
+
+def registered_ops() -> tuple[str, ...]:
+    return tuple(sorted(_IMPLS))
+
+
+@functools.cache
+def triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def resolve(op: str, backend: str, device: torch.device) -> str:
+    """The concrete backend that runs `op` on tensors of `device`, or a clear error."""
+    if backend not in ("auto", *BACKENDS):
+        raise ValueError(f"{op}: backend must be one of 'auto', 'torch', 'triton', 'cuda' (got {backend!r})")
+    available = implemented_backends(op)
+    on_gpu = device.type == "cuda"
+    if backend == "auto":
+        if on_gpu and "cuda" in available and _cuda_module.load() is not None:
+            return "cuda"
+        if on_gpu and "triton" in available and triton_importable():
+            return "triton"
+        return "torch"
+    if backend not in available:
+        raise ValueError(f"{op}: the {backend!r} backend is not available for this op yet; implemented: {available}")
+    if backend == "cuda":
+        if not on_gpu:
+            raise ValueError(f"{op}: backend='cuda' needs CUDA tensors (got tensors on {device})")
+        if _cuda_module.load() is None:
+            raise RuntimeError(f"{op}: backend='cuda' needs specdec_kernels._C, which is not loaded: "
+                               f"{_cuda_module.load_error()} (see specdec_kernels.build_info())")
+    if backend == "triton":
+        if not triton_importable():
+            raise RuntimeError(f"{op}: backend='triton' needs the triton package")
+        if not on_gpu and not triton_interpreting():
+            raise ValueError(f"{op}: backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 for CPU tensors")
+    return backend

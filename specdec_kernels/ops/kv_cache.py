@@ -1,0 +1,99 @@
+"""KV-cache bookkeeping after verification: chain rollback and tree compaction."""
+
+import torch
+from torch import Tensor
+
+from .. import reference
+from . import _validate as check
+from ._backend import implementation, register, resolve
+
+LENGTH_DTYPES = (torch.int64, torch.int32)
+
+
+@torch.library.custom_op("specdec::kv_rollback", mutates_args=())
+def _kv_rollback_op(seq_lens: Tensor, num_accepted: Tensor, backend: str) -> Tensor:
+    return implementation("kv_rollback", backend)(seq_lens, num_accepted)
+
+
+@_kv_rollback_op.register_fake
+def _(seq_lens, num_accepted, backend):
+    return torch.empty_like(seq_lens)
+
+
+def kv_rollback(seq_lens: Tensor, num_accepted: Tensor, *, backend: str = "auto") -> Tensor:
+    """New cache lengths after chain verification, in O(1) and without moving data.
+
+    The verify pass wrote the root (last accepted token) and g drafts at seq_lens[b] ...;
+    the root and the accepted drafts stay, the rejected slots are overwritten later.
+
+    Args:
+        seq_lens: [B] int64/int32, lengths before the verify pass.
+        num_accepted: [B] int64 from a verify op.
+
+    Returns:
+        [B] new lengths, seq_lens + num_accepted + 1, in seq_lens' dtype.
+    """
+    op = "kv_rollback"
+    check.tensor(op, "seq_lens", seq_lens, shape=("B",), dtypes=LENGTH_DTYPES, last_dim_contiguous=False)
+    check.tensor(op, "num_accepted", num_accepted, shape=(seq_lens.shape[0],), dtypes=check.INDEX_DTYPES,
+                 device=seq_lens.device, last_dim_contiguous=False)
+    if check.can_inspect(num_accepted) and num_accepted.numel() and int(num_accepted.min()) < 0:
+        check.fail(op, "`num_accepted` must be >= 0")
+    return _kv_rollback_op(seq_lens, num_accepted, resolve(op, backend, seq_lens.device))
+
+
+@torch.library.custom_op("specdec::kv_compact", mutates_args=("k_caches", "v_caches"))
+def _kv_compact_op(k_caches: list[Tensor], v_caches: list[Tensor], seq_lens: Tensor, accepted_nodes: Tensor,
+                   backend: str) -> Tensor:
+    return implementation("kv_compact", backend)(k_caches, v_caches, seq_lens, accepted_nodes)
+
+
+@_kv_compact_op.register_fake
+def _(k_caches, v_caches, seq_lens, accepted_nodes, backend):
+    return torch.empty_like(seq_lens)
+
+
+def kv_compact(k_caches: list[Tensor], v_caches: list[Tensor], seq_lens: Tensor, accepted_nodes: Tensor, *,
+               backend: str = "auto") -> Tensor:
+    """After tree verification, move each row's accepted nodes' K/V to contiguous slots, in place.
+
+    Node i of row b sits at seq_lens[b] + i; accepted_nodes[b, j] moves to seq_lens[b] + j
+    in every layer's K and V cache at once.
+
+    Args:
+        k_caches, v_caches: equal-length lists (one entry per layer) of [B, Hkv, S_max, D]
+            tensors, all of one dtype and device (modified in place).
+        seq_lens: [B] int64/int32 lengths before the verify pass.
+        accepted_nodes: [B, M] int64 from a tree verify op: the root 0 first, then the
+            accepted nodes in increasing order, padded with -1.
+
+    Returns:
+        [B] new lengths (seq_lens + number of accepted entries, root included).
+    """
+    op = "kv_compact"
+    if not isinstance(k_caches, (list, tuple)) or not isinstance(v_caches, (list, tuple)) or len(k_caches) != len(v_caches):
+        check.fail(op, "`k_caches` and `v_caches` must be lists of equal length (one tensor per layer)", TypeError)
+    check.tensor(op, "seq_lens", seq_lens, shape=("B",), dtypes=LENGTH_DTYPES, last_dim_contiguous=False)
+    batch = seq_lens.shape[0]
+    check.tensor(op, "accepted_nodes", accepted_nodes, shape=(batch, "M"), dtypes=check.INDEX_DTYPES,
+                 device=seq_lens.device, last_dim_contiguous=False)
+    first = k_caches[0] if k_caches else None
+    for name, caches in (("k_caches", k_caches), ("v_caches", v_caches)):
+        for layer, cache in enumerate(caches):
+            check.tensor(op, f"{name}[{layer}]", cache, shape=(batch, "Hkv", "S_max", "D"),
+                         dtypes=(first.dtype,), device=seq_lens.device)
+            if cache.shape != first.shape:
+                check.fail(op, f"`{name}[{layer}]` has shape {list(cache.shape)}, expected {list(first.shape)} like k_caches[0]")
+    if check.can_inspect(accepted_nodes) and accepted_nodes.numel():
+        valid = accepted_nodes >= 0
+        increasing = (accepted_nodes[:, 1:] > accepted_nodes[:, :-1]) | ~valid[:, 1:]
+        contiguous = valid[:, :-1] | ~valid[:, 1:]  # no valid entry after a -1
+        if not bool(increasing.all() and contiguous.all() and (accepted_nodes >= -1).all()):
+            check.fail(op, "`accepted_nodes` rows must be increasing node indices followed by -1 padding")
+        if first is not None and int((seq_lens.to(torch.int64) + accepted_nodes.max(dim=1).values).max()) >= first.shape[2]:
+            check.fail(op, f"`seq_lens + accepted_nodes` reaches past S_max={first.shape[2]}")
+    return _kv_compact_op(list(k_caches), list(v_caches), seq_lens, accepted_nodes, resolve(op, backend, seq_lens.device))
+
+
+register("kv_rollback", "torch", reference.kv_rollback)
+register("kv_compact", "torch", reference.kv_compact)

@@ -1,0 +1,134 @@
+"""Verification of token trees: multi-draft speculative sampling and greedy.
+
+Tree format (see reference/tree.py): `parents [B, N]` int64, node 0 the root (the last
+accepted token, parent -1), node i > 0 with a parent in [0, i), or -1 for an unused slot;
+`tree_tokens [B, N]` int64 (the root's entry is ignored). Per-node scores are indexed by
+node: `target_*[b, i]` is the target's prediction for the token after node i.
+
+Outputs: output_tokens [B, D+1] int64 padded with -1, num_accepted [B] int64, and
+accepted_nodes [B, D+1] int64 (0 first, then the accepted nodes; padded -1), where
+D = max_depth (default: the deepest node in the batch, which costs a host sync on a GPU:
+pass it for CUDA-graph capture).
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import reference
+from . import _validate as check
+from ._backend import implementation, register, resolve
+
+
+def _tree_fake(tree_tokens: Tensor, max_depth: int):
+    batch = tree_tokens.shape[0]
+    return (tree_tokens.new_empty(batch, max_depth + 1), tree_tokens.new_empty(batch),
+            tree_tokens.new_empty(batch, max_depth + 1))
+
+
+def _check_tree(op: str, scores: Tensor, name: str, tree_tokens: Tensor, parents: Tensor, max_depth) -> tuple[int, int, int, int]:
+    check.tensor(op, "tree_tokens", tree_tokens, shape=("B", "N"), dtypes=check.INDEX_DTYPES, last_dim_contiguous=False)
+    batch, n = tree_tokens.shape
+    if n == 0:
+        check.fail(op, "`tree_tokens` needs at least the root node (N >= 1)")
+    device = tree_tokens.device
+    check.tensor(op, "parents", parents, shape=(batch, n), dtypes=check.INDEX_DTYPES, device=device,
+                 last_dim_contiguous=False)
+    check.tensor(op, name, scores, shape=(batch, n, "V"), dtypes=check.FLOAT_DTYPES, device=device)
+    check.tree_parents(op, parents)
+    vocab = scores.shape[-1]
+    check.token_range(op, "tree_tokens[:, 1:]", tree_tokens[:, 1:], vocab, allow_padding=True)
+    if max_depth is None:
+        max_depth = reference.max_tree_depth(parents)
+    max_depth = check.positive_int(op, "max_depth", max_depth, minimum=0)
+    return batch, n, vocab, max_depth
+
+
+@torch.library.custom_op("specdec::tree_greedy_verify", mutates_args=())
+def _tree_greedy_verify_op(target_logits: Tensor, tree_tokens: Tensor, parents: Tensor, max_depth: int,
+                           backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    return implementation("tree_greedy_verify", backend)(target_logits, tree_tokens, parents, max_depth=max_depth)
+
+
+@_tree_greedy_verify_op.register_fake
+def _(target_logits, tree_tokens, parents, max_depth, backend):
+    return _tree_fake(tree_tokens, max_depth)
+
+
+def tree_greedy_verify(target_logits: Tensor, tree_tokens: Tensor, parents: Tensor, *, max_depth: int | None = None,
+                       backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    """Greedy verification of a token tree: from the root, move to the first child (in
+    index order) whose token equals the target argmax at the current node; emit the argmax
+    where no child matches. Token-identical to greedy decoding with the target.
+
+    Args:
+        target_logits: [B, N, V] float32/float16/bfloat16, the target's logits at each node.
+        tree_tokens: [B, N] int64.  parents: [B, N] int64.
+        max_depth: int >= 0, bounds the accepted path (default: the tree depth).
+        backend: "auto" | "torch" | "triton" | "cuda".
+
+    Returns:
+        output_tokens [B, D+1], num_accepted [B], accepted_nodes [B, D+1] (int64).
+    """
+    op = "tree_greedy_verify"
+    _, _, _, max_depth = _check_tree(op, target_logits, "target_logits", tree_tokens, parents, max_depth)
+    return _tree_greedy_verify_op(target_logits, tree_tokens, parents, max_depth, resolve(op, backend, tree_tokens.device))
+
+
+@torch.library.custom_op("specdec::tree_rejection_sample", mutates_args=())
+def _tree_rejection_sample_op(target_probs: Tensor, draft_probs: Tensor, tree_tokens: Tensor, parents: Tensor,
+                              max_depth: int, uniforms: Optional[Tensor], seed: Optional[int], seeds: Optional[Tensor],
+                              offsets: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    return implementation("tree_rejection_sample", backend)(
+        target_probs, draft_probs, tree_tokens, parents, max_depth=max_depth, uniforms=uniforms,
+        seed=seed if seeds is None else seeds, offsets=offsets)
+
+
+@_tree_rejection_sample_op.register_fake
+def _(target_probs, draft_probs, tree_tokens, parents, max_depth, uniforms, seed, seeds, offsets, backend):
+    return _tree_fake(tree_tokens, max_depth)
+
+
+def tree_rejection_sample(target_probs: Tensor, draft_probs: Tensor, tree_tokens: Tensor, parents: Tensor, *,
+                          uniforms: Tensor | None = None, seed: int | Tensor | None = None,
+                          offsets: Tensor | None = None, max_depth: int | None = None,
+                          backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    """Multi-draft speculative sampling over a token tree (lossless).
+
+    At each node the children are tried in index order: child c (token x, drawn from
+    q_c = draft_probs[b, c]) is accepted with probability min(1, r(x) / q_c(x)), where r
+    starts as p = target_probs[b, node] and becomes norm(max(0, r - q_c)) after each
+    rejected sibling. An accepted child becomes the current node; when all children are
+    rejected (or at a leaf, the bonus) the row emits a draw from r. The output follows the
+    target distribution provided every child was drawn independently from its own q_c:
+    i.i.d. samples from one draft distribution, or distinct deterministic (top-k) drafts
+    with one-hot q_c. Exact fixed-point rules in reference/tree_verify.py.
+
+    Args:
+        target_probs: [B, N, V] float32/float16/bfloat16, the target distribution at each node.
+        draft_probs: [B, N, V], same dtype: row c is the distribution node c was drawn from
+            (row 0 unused).
+        tree_tokens: [B, N] int64.  parents: [B, N] int64.
+        uniforms: [B, N] float32/float64 in [0, 1): column c > 0 is node c's coin, column 0
+            the final draw (bit-exact mode).
+        seed: int or int64 [B] instead of `uniforms`; offsets: [B] int64 absolute position
+            of the root's successor, to advance every step.
+        max_depth: int >= 0 (default: the tree depth).
+
+    Returns:
+        output_tokens [B, D+1], num_accepted [B], accepted_nodes [B, D+1] (int64).
+    """
+    op = "tree_rejection_sample"
+    batch, n, vocab, max_depth = _check_tree(op, target_probs, "target_probs", tree_tokens, parents, max_depth)
+    device = tree_tokens.device
+    check.tensor(op, "draft_probs", draft_probs, shape=(batch, n, vocab), dtypes=check.FLOAT_DTYPES, device=device)
+    check.same_dtype(op, ("target_probs", "draft_probs"), target_probs, draft_probs)
+    check.randomness(op, uniforms, seed, offsets, shape=(batch, n), batch=batch, device=device)
+    seeds = seed if isinstance(seed, Tensor) else None
+    return _tree_rejection_sample_op(target_probs, draft_probs, tree_tokens, parents, max_depth, uniforms,
+                                     None if seeds is not None else seed, seeds, offsets, resolve(op, backend, device))
+
+
+register("tree_greedy_verify", "torch", reference.tree_greedy_verify)
+register("tree_rejection_sample", "torch", reference.tree_rejection_sample)

@@ -1,0 +1,19 @@
+"""Pure-PyTorch implementations of every op: the executable specification.
+
+These functions take already-validated inputs; the public, validated API is
+`specdec_kernels.ops`. Every other backend must match them (bit for bit where the
+caller supplies the randomness).
+"""
+
+from .attention import tree_attention
+from .chain_verify import bild_verify, fallback_check, greedy_verify, max_prob, rejection_sample, relaxed_verify
+from .early_exit import early_exit_topk
+from .kv import kv_compact, kv_rollback
+from .tree import ancestor_mask, chain_parents, max_tree_depth, tree_depths
+from .tree_verify import tree_greedy_verify, tree_rejection_sample
+
+__all__ = [
+    "ancestor_mask", "bild_verify", "chain_parents", "early_exit_topk", "fallback_check", "greedy_verify",
+    "kv_compact", "kv_rollback", "max_prob", "max_tree_depth", "rejection_sample", "relaxed_verify",
+    "tree_attention", "tree_depths", "tree_greedy_verify", "tree_rejection_sample",
+]

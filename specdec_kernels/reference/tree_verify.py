@@ -1,0 +1,137 @@
+"""Reference verification of token trees (multi-draft speculative sampling and greedy).
+
+Outputs: output_tokens [B, D+1] int64 padded with -1, num_accepted [B] int64 and
+accepted_nodes [B, D+1] int64 (root 0 first, then the accepted nodes, padded -1), where
+D = max_depth. Every row walks the tree from the root, one level per step (vectorised
+over the batch); at each node its children are tried in index order, and the walk ends
+with one emitted token that is not a node of the tree.
+"""
+
+import torch
+
+from . import rng
+from ._sampling import gather_token_values, safe_argmax, sample_with_fallback, to_weights
+from .chain_verify import seed_and_row_key
+from .tree import children_table
+
+
+class _Walk:
+    """Per-row walk state: current node, path so far, and the output tensors."""
+
+    def __init__(self, tree_tokens: torch.Tensor, max_depth: int):
+        batch = tree_tokens.shape[0]
+        device = tree_tokens.device
+        self.rows = torch.arange(batch, device=device)
+        self.tree_tokens = tree_tokens
+        self.cur = torch.zeros(batch, dtype=torch.int64, device=device)
+        self.alive = torch.ones(batch, dtype=torch.bool, device=device)
+        self.num_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
+        self.out_tokens = torch.full((batch, max_depth + 1), -1, dtype=torch.int64, device=device)
+        self.accepted_nodes = self.out_tokens.clone()
+        self.accepted_nodes[:, 0] = 0
+
+    def advance(self, accepted_child: torch.Tensor, final_token: torch.Tensor) -> None:
+        """Rows with accepted_child >= 0 move down; the other live rows emit final_token and stop."""
+        moving = self.alive & (accepted_child >= 0)
+        finishing = self.alive & ~moving
+        rows, slot = self.rows[moving], self.num_accepted[moving]
+        self.out_tokens[rows, slot] = self.tree_tokens[rows, accepted_child[moving]]
+        self.accepted_nodes[rows, slot + 1] = accepted_child[moving]
+        rows = self.rows[finishing]
+        self.out_tokens[rows, self.num_accepted[finishing]] = final_token[finishing]
+        self.num_accepted += moving.to(torch.int64)
+        self.cur = torch.where(moving, accepted_child, self.cur)
+        self.alive = moving
+
+    def outputs(self):
+        return self.out_tokens, self.num_accepted, self.accepted_nodes
+
+
+def tree_greedy_verify(target_logits, tree_tokens, parents, *, max_depth: int):
+    """Follow the first child (index order) whose token equals the target argmax at the
+    current node; emit the argmax where no child matches or at depth max_depth."""
+    top1 = safe_argmax(target_logits)  # [B, N]
+    children = children_table(parents)  # [B, N, N-1]
+    walk = _Walk(tree_tokens, max_depth)
+    for level in range(max_depth + 1):
+        if not bool(walk.alive.any()):
+            break
+        want = top1[walk.rows, walk.cur]
+        kids = children[walk.rows, walk.cur]  # [B, N-1]
+        matches = (kids >= 0) & (tree_tokens.gather(1, kids.clamp(min=0)) == want.unsqueeze(1))
+        if level == max_depth:
+            matches = torch.zeros_like(matches)
+        first = torch.argmax(matches.to(torch.int8), dim=1)  # first True (0 if none)
+        accepted_child = torch.where(matches.any(dim=1), kids.gather(1, first.unsqueeze(1)).squeeze(1), -1)
+        walk.advance(accepted_child, want)
+    return walk.outputs()
+
+
+def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None,
+                          seed=None, offsets=None):
+    """Multi-draft speculative sampling over a tree (SpecInfer-style recursive rejection).
+
+    At node `cur` with target distribution p = target_probs[b, cur], children c_1, c_2, ...
+    are tried in index order; child c was drawn from q_c = draft_probs[b, c]. The first
+    child is accepted when u * q(x) < p(x) (the chain rule); after each rejection the
+    target becomes the normalised residual r <- norm(max(0, r - q_c)), kept in fixed point
+    (weights R with total S, r = R / S) so that every backend can reproduce it exactly:
+      R_1 = to_weights(p - q_c1);   later children:  accept iff (u * q(x)) * S < R(x);
+      after a later rejection  R <- max(0, R - floor(S * q_c))  (q_c with NaN/inf -> 1).
+    Accepting moves to the child; when every child is rejected (or at a leaf or at depth
+    max_depth: the bonus) the row emits a draw from r, falling back to p, then to argmax.
+    Lossless when each child's token was drawn independently from its q_c (i.i.d. siblings
+    from one q, or deterministic distinct siblings with one-hot q_c).
+    Randomness: uniforms [B, N] (column c is node c's coin, column 0 the final draw) or
+    counter-based draws: node coins at (seed, offsets[b] + depth - 1, row, ACCEPT, sibling
+    rank) and the final draw at (seed, offsets[b] + depth of the last node, row, FINAL), so
+    a chain-shaped tree reproduces `rejection_sample` in both modes.
+    """
+    batch = tree_tokens.shape[0]
+    device = tree_tokens.device
+    children = children_table(parents)
+    walk = _Walk(tree_tokens, max_depth)
+    if uniforms is None:
+        offsets = torch.zeros(batch, dtype=torch.int64, device=device) if offsets is None else offsets.to(torch.int64)
+        seeds, row_key = seed_and_row_key(seed, batch, device)
+    for level in range(max_depth + 1):
+        if not bool(walk.alive.any()):
+            break
+        rows, cur = walk.rows, walk.cur
+        p = target_probs[rows, cur].float()  # [B, V]
+        weights = to_weights(p)  # meaningful only where rejected_any
+        rejected_any = torch.zeros(batch, dtype=torch.bool, device=device)
+        accepted_child = torch.full((batch,), -1, dtype=torch.int64, device=device)
+        for rank in range(children.shape[2] if level < max_depth else 0):
+            child = children[rows, cur, rank]
+            trying = walk.alive & (accepted_child < 0) & (child >= 0)
+            if not bool(trying.any()):
+                break
+            safe_child = child.clamp(min=0)
+            q = draft_probs[rows, safe_child].float()
+            x = tree_tokens[rows, safe_child]
+            if uniforms is None:
+                u = rng.philox_uniform(seeds, offsets + level, row_key, rng.SALT_ACCEPT, rank)
+            else:
+                u = uniforms[rows, safe_child].to(torch.float64)
+            p_x, in_range = gather_token_values(p, x)
+            q_x, _ = gather_token_values(q, x)
+            r_x, _ = gather_token_values(weights.double(), x)
+            total = weights.sum(dim=1).double()
+            first_rule = u * q_x.double() < p_x.double()
+            later_rule = (u * q_x.double()) * total < r_x.double()
+            accept = trying & in_range & torch.where(rejected_any, later_rule, first_rule)
+            accepted_child = torch.where(accept, child, accepted_child)
+            rejected = trying & ~accept
+            q_clean = torch.nan_to_num(q, nan=1.0, posinf=1.0, neginf=0.0).clamp(0.0, 1.0).double()
+            later_weights = (weights - torch.floor(total.unsqueeze(1) * q_clean).to(torch.int64)).clamp(min=0)
+            new_weights = torch.where(rejected_any.unsqueeze(1), later_weights, to_weights(p - q))
+            weights = torch.where(rejected.unsqueeze(1), new_weights, weights)
+            rejected_any |= rejected
+        if uniforms is None:
+            u_final = rng.philox_uniform(seeds, offsets + level, row_key, rng.SALT_FINAL)
+        else:
+            u_final = uniforms[:, 0].to(torch.float64)
+        final = sample_with_fallback(weights, to_weights(p), u_final)
+        walk.advance(accepted_child, final)
+    return walk.outputs()
