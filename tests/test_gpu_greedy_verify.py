@@ -294,3 +294,41 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError):
         _C.greedy_verify(x.data_ptr(), 20, 10, d.data_ptr(), 0, d.data_ptr(), d.data_ptr(),
                          d.data_ptr(), 1, 1, 0, 0, torch.cuda.current_stream().cuda_stream)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_public_op_backends_match_torch_reference(backend, dtype):
+    """The whole pipeline: ops.greedy_verify -> backend choice -> kernel, against the reference."""
+    from specdec_kernels import ops, reference
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for batch, g, vocab in [(1, 4, 32000), (8, 5, 128256), (32, 3, 151936)]:
+        logits = torch.randn(batch, g + 1, vocab, device="cuda", generator=gen).to(dtype)
+        drafts = logits[:, :g].float().argmax(-1)
+        drafts[batch // 2:, g // 2] = -1
+        counts = torch.randint(0, g + 1, (batch,), device="cuda", generator=gen)
+        want = reference.greedy_verify(logits, drafts, num_draft_tokens=counts)
+        got = ops.greedy_verify(logits, drafts, num_draft_tokens=counts, backend=backend)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    if backend == "auto":
+        assert ops.resolve("greedy_verify", "auto", logits.device) == "cuda"
+
+
+@pytest.mark.gpu
+def test_public_op_captures_in_a_cuda_graph():
+    from specdec_kernels import ops
+
+    logits = torch.randn(4, 6, 32000, device="cuda")
+    drafts = logits[:, :5].argmax(-1)
+    ops.greedy_verify(logits, drafts, backend="cuda")  # warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = ops.greedy_verify(logits, drafts, backend="cuda")
+    logits.copy_(torch.randn_like(logits))
+    drafts.copy_(logits[:, :5].argmax(-1))
+    drafts[:, 2] = -1
+    graph.replay()
+    want = ops.greedy_verify(logits, drafts, backend="torch")
+    assert torch.equal(static_out[0], want[0]) and torch.equal(static_out[1], want[1])

@@ -24,8 +24,9 @@ def tensor(op: str, name: str, x, *, shape: tuple, dtypes, device: torch.device 
     """Check a tensor argument. `shape` entries: an int to match, or a str naming a free dim."""
     if not isinstance(x, torch.Tensor):
         fail(op, f"`{name}` must be a torch.Tensor (got {type(x).__name__})", TypeError)
-    expected = "[" + ", ".join(str(s) for s in shape) + "]"
-    if x.dim() != len(shape) or any(isinstance(s, int) and x.shape[i] != s for i, s in enumerate(shape)):
+    if x.dim() != len(shape) or any(not isinstance(s, str) and x.shape[i] != s for i, s in enumerate(shape)):
+        # the message is built only on failure: under torch.compile sizes may be symbolic
+        expected = "[" + ", ".join(str(s) for s in shape) + "]"
         fail(op, f"`{name}` must have shape {expected} (got {list(x.shape)})")
     if x.dtype not in dtypes:
         fail(op, f"`{name}` must have dtype {_dtype_names(dtypes)} (got {str(x.dtype).replace('torch.', '')})", TypeError)
@@ -34,6 +35,11 @@ def tensor(op: str, name: str, x, *, shape: tuple, dtypes, device: torch.device 
     if last_dim_contiguous and x.dim() > 0 and x.shape[-1] > 1 and x.stride(-1) != 1:
         fail(op, f"`{name}` must be contiguous in its last dimension (stride {x.stride(-1)}); call .contiguous()")
     return x
+
+
+def split_seed(seed) -> tuple[int | None, torch.Tensor | None]:
+    """(int seed, per-request seed tensor): the custom ops take the two forms separately."""
+    return (None, seed) if isinstance(seed, torch.Tensor) else (seed, None)
 
 
 def optional_tensor(op: str, name: str, x, **kwargs):
@@ -80,14 +86,16 @@ def randomness(op: str, uniforms, seed, offsets, *, shape: tuple, batch: int, de
     if uniforms is not None:
         tensor(op, "uniforms", uniforms, shape=shape, dtypes=(torch.float32, torch.float64), device=device,
                last_dim_contiguous=False)
-        if can_inspect(uniforms) and uniforms.numel() and (float(uniforms.min()) < 0 or float(uniforms.max()) >= 1):
-            fail(op, "`uniforms` must lie in [0, 1)")
+        if can_inspect(uniforms) and uniforms.numel() and not bool(((uniforms >= 0) & (uniforms < 1)).all()):
+            fail(op, "`uniforms` must lie in [0, 1) (no NaN)")
         if offsets is not None:
             fail(op, "`offsets` only applies to seeded mode (`seed=`)")
     elif isinstance(seed, torch.Tensor):
         tensor(op, "seed", seed, shape=(batch,), dtypes=INDEX_DTYPES, device=device, last_dim_contiguous=False)
     elif isinstance(seed, bool) or not isinstance(seed, int):
         fail(op, f"`seed` must be an int or an int64 tensor [B] of per-request seeds (got {type(seed).__name__})", TypeError)
+    elif not -(2**63) <= seed < 2**63:
+        fail(op, f"`seed` must fit in a signed 64-bit integer (got {seed})")
     optional_tensor(op, "offsets", offsets, shape=(batch,), dtypes=INDEX_DTYPES, device=device, last_dim_contiguous=False)
 
 

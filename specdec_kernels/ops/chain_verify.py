@@ -84,8 +84,7 @@ def rejection_sample(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Te
                  device=draft_tokens.device)
     check.same_dtype(op, ("target_probs", "draft_probs"), target_probs, draft_probs)
     check.randomness(op, uniforms, seed, offsets, shape=(batch, g + 1), batch=batch, device=draft_tokens.device)
-    seeds = seed if isinstance(seed, Tensor) else None
-    seed_int = None if seeds is not None else seed
+    seed_int, seeds = check.split_seed(seed)
     return _rejection_sample_op(target_probs, draft_probs, draft_tokens, uniforms, seed_int, seeds, offsets,
                                 num_draft_tokens, resolve(op, backend, draft_tokens.device))
 
@@ -216,6 +215,15 @@ def _(logits, backend):
     return logits.new_empty(logits.shape[:-1], dtype=torch.float32)
 
 
+def _checked_max_prob(op: str, name: str, logits: Tensor, backend: str) -> Tensor:
+    if not isinstance(logits, Tensor):
+        check.fail(op, f"`{name}` must be a torch.Tensor (got {type(logits).__name__})", TypeError)
+    if logits.dim() == 0 or logits.shape[-1] == 0:
+        check.fail(op, f"`{name}` must have a non-empty last (vocabulary) dimension (got shape {list(logits.shape)})")
+    check.tensor(op, name, logits, shape=(*["..."] * (logits.dim() - 1), "V"), dtypes=check.FLOAT_DTYPES)
+    return _max_prob_op(logits, resolve(op, backend, logits.device))
+
+
 def max_prob(logits: Tensor, *, backend: str = "auto") -> Tensor:
     """Largest softmax probability along the last dimension (a confidence score).
 
@@ -225,10 +233,7 @@ def max_prob(logits: Tensor, *, backend: str = "auto") -> Tensor:
     Returns:
         [...] float32 in [0, 1]; 0 for a row with no finite logit, 1 if a logit is +inf.
     """
-    if not isinstance(logits, Tensor) or logits.dim() == 0 or logits.shape[-1] == 0:
-        check.fail("max_prob", "`logits` must be a tensor [..., V] with a non-empty last dimension", TypeError)
-    check.tensor("max_prob", "logits", logits, shape=(*["..."] * (logits.dim() - 1), "V"), dtypes=check.FLOAT_DTYPES)
-    return _max_prob_op(logits, resolve("max_prob", backend, logits.device))
+    return _checked_max_prob("max_prob", "logits", logits, backend)
 
 
 def fallback_check(draft_logits: Tensor, threshold: float, *, backend: str = "auto") -> Tensor:
@@ -246,7 +251,7 @@ def fallback_check(draft_logits: Tensor, threshold: float, *, backend: str = "au
     threshold = check.real_number(op, "threshold", threshold, minimum=0.0)
     if threshold > 1.0:
         check.fail(op, f"`threshold` is a probability and must be <= 1 (got {threshold})")
-    return max_prob(draft_logits, backend=backend) < threshold
+    return _checked_max_prob(op, "draft_logits", draft_logits, backend) < threshold
 
 
 for _name in ("rejection_sample", "greedy_verify", "relaxed_verify", "bild_verify", "max_prob"):

@@ -64,8 +64,8 @@ def kv_compact(k_caches: list[Tensor], v_caches: list[Tensor], seq_lens: Tensor,
         k_caches, v_caches: equal-length lists (one entry per layer) of [B, Hkv, S_max, D]
             tensors, all of one dtype and device (modified in place).
         seq_lens: [B] int64/int32 lengths before the verify pass.
-        accepted_nodes: [B, M] int64 from a tree verify op: the root 0 first, then the
-            accepted nodes in increasing order, padded with -1.
+        accepted_nodes: [B, M] int64, increasing node indices padded with -1 (as a tree
+            verify op returns them: the root 0 first, then the accepted nodes).
 
     Returns:
         [B] new lengths (seq_lens + number of accepted entries, root included).
@@ -77,7 +77,8 @@ def kv_compact(k_caches: list[Tensor], v_caches: list[Tensor], seq_lens: Tensor,
     batch = seq_lens.shape[0]
     check.tensor(op, "accepted_nodes", accepted_nodes, shape=(batch, "M"), dtypes=check.INDEX_DTYPES,
                  device=seq_lens.device, last_dim_contiguous=False)
-    first = k_caches[0] if k_caches else None
+    first = check.tensor(op, "k_caches[0]", k_caches[0], shape=(batch, "Hkv", "S_max", "D"),
+                         dtypes=check.FLOAT_DTYPES, device=seq_lens.device) if k_caches else None
     for name, caches in (("k_caches", k_caches), ("v_caches", v_caches)):
         for layer, cache in enumerate(caches):
             check.tensor(op, f"{name}[{layer}]", cache, shape=(batch, "Hkv", "S_max", "D"),

@@ -125,9 +125,9 @@ def tree_rejection_sample(target_probs: Tensor, draft_probs: Tensor, tree_tokens
     check.tensor(op, "draft_probs", draft_probs, shape=(batch, n, vocab), dtypes=check.FLOAT_DTYPES, device=device)
     check.same_dtype(op, ("target_probs", "draft_probs"), target_probs, draft_probs)
     check.randomness(op, uniforms, seed, offsets, shape=(batch, n), batch=batch, device=device)
-    seeds = seed if isinstance(seed, Tensor) else None
-    return _tree_rejection_sample_op(target_probs, draft_probs, tree_tokens, parents, max_depth, uniforms,
-                                     None if seeds is not None else seed, seeds, offsets, resolve(op, backend, device))
+    seed_int, seeds = check.split_seed(seed)
+    return _tree_rejection_sample_op(target_probs, draft_probs, tree_tokens, parents, max_depth, uniforms, seed_int,
+                                     seeds, offsets, resolve(op, backend, device))
 
 
 register("tree_greedy_verify", "torch", reference.tree_greedy_verify)
