@@ -8,13 +8,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_greedy_verify_bench_smoke(tmp_path):
-    subprocess.run([sys.executable, str(ROOT / "bench/bench_greedy_verify.py"), "--smoke", "--out", str(tmp_path)],
+def test_verify_bench_smoke(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "bench/bench_verify.py"), "--smoke", "--out", str(tmp_path)],
                    check=True, capture_output=True, text=True)
-    result = json.loads((tmp_path / "greedy_verify.json").read_text())
-    assert result["rows"] and all(row["exact"] for row in result["rows"])
-    assert {row["backend"] for row in result["rows"]} >= {"torch"}
-    assert "| B | g | V |" in (tmp_path / "greedy_verify.md").read_text()
+    result = json.loads((tmp_path / "verify.json").read_text())
+    rows = result["rows"]
+    assert {row["op"] for row in rows} == {"rejection_sample", "greedy_verify"}
+    assert {row["backend"] for row in rows} >= {"naive", "torch"}
+    assert all(row.get("exact", True) for row in rows)  # every non-reference backend matched the reference
+    by_regime = {(row["op"], row["regime"]): row["mean_accepted"] for row in rows if row["backend"] == "torch"}
+    assert by_regime[("rejection_sample", "reject0")] == 0
+    assert "| op | B | g |" in (tmp_path / "verify.md").read_text()
+
+
+def test_pytest_benchmark_suite_collects_and_runs_one_case():
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "bench"),
+                           "--benchmark-disable", "-k", "rejection_sample-B1-g1-V50-natural and torch"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
 
 
 def test_ops_example_runs():

@@ -1,0 +1,44 @@
+"""pytest-benchmark suite over the same cases as bench_verify.py.
+
+    pytest bench/ --benchmark-only                  # the full grid on a GPU, tiny shapes on a CPU
+    pytest bench/ --benchmark-only -k "rejection and B64"
+Bandwidth figures (percent of the minimal-bytes and nominal bounds) go to extra_info.
+"""
+
+import pytest
+import torch
+
+import bench_verify as bv
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+BANDWIDTH = None
+
+
+def bandwidth():
+    global BANDWIDTH
+    if BANDWIDTH is None and DEVICE.type == "cuda":
+        BANDWIDTH = bv.copy_bandwidth(DEVICE)
+    return BANDWIDTH
+
+
+CASES = [(case, backend) for case in bv.grid(DEVICE.type == "cpu", torch.bfloat16, DEVICE)
+         for backend in bv.backends_for(case.op, DEVICE)]
+
+
+@pytest.mark.parametrize("case,backend", CASES, ids=[f"{c.name}-{b}" for c, b in CASES])
+def test_verify(benchmark, case, backend):
+    inputs = bv.make_inputs(case)
+    fn = bv.callable_for(case, backend, inputs)
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
+
+    def call():
+        fn()
+        sync()
+
+    benchmark(call)
+    benchmark.extra_info.update({"op": case.op, "B": case.batch, "g": case.g, "V": case.vocab, "regime": case.regime})
+    bw = bandwidth()
+    if bw and benchmark.stats is not None:  # stats is None under --benchmark-disable
+        seconds = benchmark.stats.stats.median
+        benchmark.extra_info["pct_min_bytes"] = round(100 * bv.minimal_bytes(case) / seconds / (bw / 2), 1)
+        benchmark.extra_info["pct_nominal"] = round(100 * bv.nominal_bytes(case) / seconds / (bw / 2), 1)
