@@ -8,6 +8,7 @@ from specdec_kernels import ops
 
 REGISTERED = {
     "bild_verify", "early_exit_topk", "greedy_verify", "kv_compact", "kv_rollback", "max_prob", "rejection_sample",
+    "rejection_sample_logits",
     "relaxed_verify", "tree_attention", "tree_greedy_verify", "tree_rejection_sample",
 }
 B, G, V = 2, 3, 7
@@ -36,6 +37,12 @@ def _opcheck_cases():
                                       torch.tensor([0, 5]), None, "torch")),
         ("rejection_sample", "seeds", (_probs(g, B, G + 1, V), _probs(g, B, G, V), tokens, None, None,
                                        torch.tensor([1, 2]), None, None, "torch")),
+        ("rejection_sample_logits", "temperature", (torch.randn(B, G + 1, V, generator=g), torch.randn(B, G, V, generator=g),
+                                                    tokens, 0.7, None, torch.rand(B, G + 1, generator=g), None, None, None,
+                                                    None, "torch")),
+        ("rejection_sample_logits", "per-row", (torch.randn(B, G + 1, V, generator=g), torch.randn(B, G, V, generator=g),
+                                                tokens, 1.0, torch.tensor([0.5, 2.0]), None, 5, None, torch.tensor([0, 3]),
+                                                torch.tensor([1, 3]), "torch")),
         ("greedy_verify", "", (torch.randn(B, G + 1, V, generator=g), tokens, None, "torch")),
         ("greedy_verify", "ragged", (torch.randn(B, G + 1, V, generator=g), tokens, torch.tensor([0, 2]), "torch")),
         ("relaxed_verify", "", (torch.randn(B, G + 1, V, generator=g), tokens, 2, 0.5, torch.tensor([2, 3]), "torch")),

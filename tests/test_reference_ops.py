@@ -314,3 +314,34 @@ def test_early_exit_topk_matches_loop(norm, dtype):
         assert indices[b].tolist() == order
         assert torch.allclose(values[b].double(), torch.tensor([logits[i] for i in order], dtype=torch.float64),
                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rejection_sample_logits_is_rejection_sample_on_tempered_softmax(dtype):
+    gen = torch.Generator().manual_seed(5)
+    batch, g, vocab = 4, 3, 10
+    target = (torch.randn(batch, g + 1, vocab, generator=gen) * 2).to(dtype)
+    draft = (torch.randn(batch, g, vocab, generator=gen) * 2).to(dtype)
+    drafts = torch.randint(0, vocab, (batch, g), generator=gen)
+    uniforms = torch.rand(batch, g + 1, generator=gen)
+    for temperature in (0.5, 1.0, torch.tensor([0.3, 1.0, 2.0, 5.0])):
+        t = temperature.view(-1, 1, 1) if isinstance(temperature, torch.Tensor) else temperature
+        p = torch.softmax(target.float() / t, -1)
+        q = torch.softmax(draft.float() / t, -1)
+        want = ops.rejection_sample(p, q, drafts, uniforms=uniforms)
+        got = ops.rejection_sample_logits(target, draft, drafts, temperature=temperature, uniforms=uniforms)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        for b in range(batch):  # and against the slow loop on the same probabilities
+            assert (got[0][b].tolist(), int(got[1][b])) == oracles.rejection_sample(
+                p[b].tolist(), q[b].tolist(), drafts[b].tolist(), uniforms[b].tolist(), g)
+    with pytest.raises(ValueError, match="rejection_sample_logits: `temperature` must be > 0"):
+        ops.rejection_sample_logits(target, draft, drafts, temperature=0.0, uniforms=uniforms)
+    with pytest.raises(ValueError, match="rejection_sample_logits: `temperature` must be > 0 in every row"):
+        ops.rejection_sample_logits(target, draft, drafts, temperature=torch.tensor([1.0, 0.0, 1.0, 1.0]),
+                                    uniforms=uniforms)
+
+
+def test_fallback_check_accepts_every_backend_of_max_prob():
+    logits = torch.randn(3, 20)
+    want = ops.fallback_check(logits, 0.3)
+    assert torch.equal(ops.fallback_check(logits, 0.3, backend="torch"), want)

@@ -61,6 +61,8 @@ def lens(*values, dtype=torch.int64):
 VALID = {
     "rejection_sample": lambda: dict(target_probs=probs(B, G + 1, V), draft_probs=probs(B, G, V),
                                      draft_tokens=ids(B, G), uniforms=torch.rand(B, G + 1)),
+    "rejection_sample_logits": lambda: dict(target_logits=randn(B, G + 1, V), draft_logits=randn(B, G, V),
+                                            draft_tokens=ids(B, G), temperature=0.8, uniforms=torch.rand(B, G + 1)),
     "greedy_verify": lambda: dict(target_logits=randn(B, G + 1, V), draft_tokens=ids(B, G)),
     "relaxed_verify": lambda: dict(target_logits=randn(B, G + 1, V), draft_tokens=ids(B, G), top_beta=2, tau=1.0),
     "bild_verify": lambda: dict(target_logits=randn(B, G + 1, V), draft_tokens=ids(B, G), rollback_threshold=1.0),
@@ -302,6 +304,17 @@ CASES = [
     case("early_exit_topk", "hidden-noncontig", VE, r"hidden.*contiguous", hidden=strided(B, H)),
     case("early_exit_topk", "lm_head-noncontig", VE, r"lm_head_weight.*contiguous", lm_head_weight=strided(V_HEAD, H)),
     case("early_exit_topk", "k>V", VE, r"`k`=12 exceeds .*V=11", k=V_HEAD + 1),
+    case("rejection_sample_logits", "draft_logits-g", VE, r"draft_logits.*shape \[2, 3, 5\]",
+         draft_logits=randn(B, G + 1, V)),
+    case("rejection_sample_logits", "dtype-mismatch", TE, r"target_logits.*draft_logits.*share one dtype",
+         draft_logits=randn(B, G, V).half()),
+    case("rejection_sample_logits", "temperature-0", VE, r"temperature.*> 0", temperature=0.0),
+    case("rejection_sample_logits", "temperature-nan", VE, r"temperature.*real number", temperature=NAN),
+    case("rejection_sample_logits", "temperature-shape", VE, r"temperature.*shape \[2\]",
+         temperature=torch.ones(3)),
+    case("rejection_sample_logits", "temperature-row-0", VE, r"temperature.*every row",
+         temperature=torch.tensor([1.0, 0.0])),
+    case("rejection_sample_logits", "no-randomness", VE, r"exactly one of `uniforms`.*`seed`", uniforms=None),
     case("early_exit_topk", "k=0", VE, r"`k`.*>= 1", k=0),
     case("early_exit_topk", "k-float", VE, r"`k`.*int", k=2.0),
     case("early_exit_topk", "norm-name", VE, r"`norm`.*one of.*'rmsnorm'", norm="rmsnorm"),
@@ -361,9 +374,13 @@ def test_triton_backend_on_cpu_without_interpreter(monkeypatch, value):
         call("greedy_verify", backend="triton")
 
 
-@pytest.mark.parametrize("op", [_backend_param(op) for op in sorted(VALID) if op != "greedy_verify"])
-def test_triton_backend_not_implemented(op):
-    with pytest.raises(ValueError, match=rf"^{op}: the 'triton' backend is not available for this op"):
+@pytest.mark.parametrize("op", [_backend_param(op) for op in sorted(VALID)])
+def test_triton_backend_missing_or_interpreted(op, monkeypatch):
+    """Ops without a Triton kernel say so; ops with one refuse CPU tensors unless interpreted."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    implemented = "triton" in ops.implemented_backends("max_prob" if op == "fallback_check" else op)
+    message = "backend='triton' needs CUDA tensors" if implemented else "the 'triton' backend is not available for this op"
+    with pytest.raises(ValueError, match=rf"^{op}: {message}"):
         call(op, backend="triton")
 
 

@@ -10,13 +10,14 @@ from . import _cuda  # noqa: F401  (registers the CUDA backends)
 from .. import triton as _triton_backends  # noqa: F401  (registers the Triton backends)
 from ._backend import BACKENDS, implemented_backends, registered_ops, resolve
 from .attention import tree_attention
-from .chain_verify import bild_verify, fallback_check, greedy_verify, max_prob, rejection_sample, relaxed_verify
+from .chain_verify import (bild_verify, fallback_check, greedy_verify, max_prob, rejection_sample,
+                           rejection_sample_logits, relaxed_verify)
 from .early_exit import early_exit_topk
 from .kv_cache import kv_compact, kv_rollback
 from .tree_verify import tree_greedy_verify, tree_rejection_sample
 
 __all__ = [
     "BACKENDS", "bild_verify", "early_exit_topk", "fallback_check", "greedy_verify", "implemented_backends",
-    "kv_compact", "kv_rollback", "max_prob", "registered_ops", "rejection_sample", "relaxed_verify", "resolve",
-    "tree_attention", "tree_greedy_verify", "tree_rejection_sample",
+    "kv_compact", "kv_rollback", "max_prob", "registered_ops", "rejection_sample", "rejection_sample_logits",
+    "relaxed_verify", "resolve", "tree_attention", "tree_greedy_verify", "tree_rejection_sample",
 ]

@@ -41,11 +41,14 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def resolve(op: str, backend: str, device: torch.device) -> str:
-    """The concrete backend that runs `op` on tensors of `device`, or a clear error."""
+def resolve(op: str, backend: str, device: torch.device, *, runs_as: str | None = None) -> str:
+    """The concrete backend that runs `op` on tensors of `device`, or a clear error.
+
+    runs_as: the registered op whose kernels do the work, when `op` is a composition.
+    """
     if backend not in ("auto", *BACKENDS):
         raise ValueError(f"{op}: backend must be one of 'auto', 'torch', 'triton', 'cuda' (got {backend!r})")
-    available = implemented_backends(op)
+    available = implemented_backends(runs_as or op)
     on_gpu = device.type == "cuda"
     if backend == "auto":
         if on_gpu and "cuda" in available and _cuda_module.load() is not None:

@@ -89,6 +89,63 @@ def rejection_sample(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Te
                                 num_draft_tokens, resolve(op, backend, draft_tokens.device))
 
 
+@torch.library.custom_op("specdec::rejection_sample_logits", mutates_args=())
+def _rejection_sample_logits_op(target_logits: Tensor, draft_logits: Tensor, draft_tokens: Tensor, temperature: float,
+                                temperatures: Optional[Tensor], uniforms: Optional[Tensor], seed: Optional[int],
+                                seeds: Optional[Tensor], offsets: Optional[Tensor], num_draft_tokens: Optional[Tensor],
+                                backend: str) -> tuple[Tensor, Tensor]:
+    return implementation("rejection_sample_logits", backend)(
+        target_logits, draft_logits, draft_tokens, temperature=temperature if temperatures is None else temperatures,
+        uniforms=uniforms, seed=seed if seeds is None else seeds, offsets=offsets, num_draft_tokens=num_draft_tokens)
+
+
+@_rejection_sample_logits_op.register_fake
+def _(target_logits, draft_logits, draft_tokens, temperature, temperatures, uniforms, seed, seeds, offsets,
+      num_draft_tokens, backend):
+    return _chain_fake(draft_tokens)
+
+
+def rejection_sample_logits(target_logits: Tensor, draft_logits: Tensor, draft_tokens: Tensor, *,
+                            temperature: float | Tensor = 1.0, uniforms: Tensor | None = None,
+                            seed: int | Tensor | None = None, offsets: Tensor | None = None,
+                            num_draft_tokens: Tensor | None = None, backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """`rejection_sample` on logits: p = softmax(target_logits / T), q = softmax(draft_logits / T).
+
+    The GPU backends never write the softmax to memory. The drafts must have been sampled
+    from exactly this q (same temperature); apply top-k/top-p yourself and call
+    `rejection_sample` with probabilities when you need them.
+
+    Args:
+        target_logits: [B, g+1, V] float32/float16/bfloat16.
+        draft_logits: [B, g, V], same dtype.
+        draft_tokens: [B, g] int64.
+        temperature: float > 0, or float32 [B] per-row temperatures (> 0).
+        uniforms, seed, offsets, num_draft_tokens, backend: as in `rejection_sample`.
+
+    Returns:
+        output_tokens [B, g+1] int64 padded with -1, num_accepted [B] int64.
+    """
+    op = "rejection_sample_logits"
+    batch, g, vocab = _check_chain(op, target_logits, "target_logits", draft_tokens, num_draft_tokens)
+    check.tensor(op, "draft_logits", draft_logits, shape=(batch, g, vocab), dtypes=check.FLOAT_DTYPES,
+                 device=draft_tokens.device)
+    check.same_dtype(op, ("target_logits", "draft_logits"), target_logits, draft_logits)
+    check.randomness(op, uniforms, seed, offsets, shape=(batch, g + 1), batch=batch, device=draft_tokens.device)
+    temperatures = None
+    if isinstance(temperature, Tensor):
+        temperatures = check.tensor(op, "temperature", temperature, shape=(batch,), dtypes=(torch.float32,),
+                                    device=draft_tokens.device, last_dim_contiguous=False)
+        if check.can_inspect(temperatures) and batch and not bool((temperatures > 0).all()):
+            check.fail(op, "`temperature` must be > 0 in every row (use greedy_verify for greedy rows)")
+        temperature = 1.0
+    elif check.real_number(op, "temperature", temperature) <= 0:
+        check.fail(op, f"`temperature` must be > 0 (got {temperature}); use greedy_verify for greedy decoding")
+    seed_int, seeds = check.split_seed(seed)
+    return _rejection_sample_logits_op(target_logits, draft_logits, draft_tokens, float(temperature), temperatures,
+                                       uniforms, seed_int, seeds, offsets, num_draft_tokens,
+                                       resolve(op, backend, draft_tokens.device))
+
+
 # ---------------------------------------------------------------- greedy_verify
 
 @torch.library.custom_op("specdec::greedy_verify", mutates_args=())
@@ -221,7 +278,7 @@ def _checked_max_prob(op: str, name: str, logits: Tensor, backend: str) -> Tenso
     if logits.dim() == 0 or logits.shape[-1] == 0:
         check.fail(op, f"`{name}` must have a non-empty last (vocabulary) dimension (got shape {list(logits.shape)})")
     check.tensor(op, name, logits, shape=(*["..."] * (logits.dim() - 1), "V"), dtypes=check.FLOAT_DTYPES)
-    return _max_prob_op(logits, resolve(op, backend, logits.device))
+    return _max_prob_op(logits, resolve(op, backend, logits.device, runs_as="max_prob"))
 
 
 def max_prob(logits: Tensor, *, backend: str = "auto") -> Tensor:
@@ -254,5 +311,5 @@ def fallback_check(draft_logits: Tensor, threshold: float, *, backend: str = "au
     return _checked_max_prob(op, "draft_logits", draft_logits, backend) < threshold
 
 
-for _name in ("rejection_sample", "greedy_verify", "relaxed_verify", "bild_verify", "max_prob"):
+for _name in ("rejection_sample", "rejection_sample_logits", "greedy_verify", "relaxed_verify", "bild_verify", "max_prob"):
     register(_name, "torch", getattr(reference, _name))

@@ -6,7 +6,8 @@ caller supplies the randomness).
 """
 
 from .attention import tree_attention
-from .chain_verify import bild_verify, fallback_check, greedy_verify, max_prob, rejection_sample, relaxed_verify
+from .chain_verify import (bild_verify, fallback_check, greedy_verify, max_prob, rejection_sample,
+                           rejection_sample_logits, relaxed_verify)
 from .early_exit import early_exit_topk
 from .kv import kv_compact, kv_rollback
 from .tree import ancestor_mask, chain_parents, max_tree_depth, tree_depths
@@ -14,6 +15,7 @@ from .tree_verify import tree_greedy_verify, tree_rejection_sample
 
 __all__ = [
     "ancestor_mask", "bild_verify", "chain_parents", "early_exit_topk", "fallback_check", "greedy_verify",
-    "kv_compact", "kv_rollback", "max_prob", "max_tree_depth", "rejection_sample", "relaxed_verify",
+    "kv_compact", "kv_rollback", "max_prob", "max_tree_depth", "rejection_sample", "rejection_sample_logits",
+    "relaxed_verify",
     "tree_attention", "tree_depths", "tree_greedy_verify", "tree_rejection_sample",
 ]

@@ -140,3 +140,17 @@ def max_prob(logits):
 def fallback_check(draft_logits, threshold: float):
     """BiLD fallback: True where the draft model's max softmax probability < threshold."""
     return max_prob(draft_logits) < threshold
+
+
+def rejection_sample_logits(target_logits, draft_logits, draft_tokens, *, temperature=1.0, uniforms=None, seed=None,
+                            offsets=None, num_draft_tokens=None):
+    """rejection_sample on softmax(logits / temperature) computed in float32.
+
+    temperature: a float, or a float32 tensor [B] of per-row temperatures.
+    """
+    if isinstance(temperature, torch.Tensor):
+        temperature = temperature.float().view(-1, 1, 1)
+    target_probs = torch.softmax(target_logits.float() / temperature, dim=-1)
+    draft_probs = torch.softmax(draft_logits.float() / temperature, dim=-1)
+    return rejection_sample(target_probs, draft_probs, draft_tokens, uniforms=uniforms, seed=seed, offsets=offsets,
+                            num_draft_tokens=num_draft_tokens)
