@@ -1,0 +1,265 @@
+"""Triton backends of `relaxed_verify` (SpecDec), `bild_verify` (BiLD rollback) and `max_prob`.
+
+Design: split-V partials like `greedy_verify` (the usual speculative-decoding batch has few
+rows and a large V, so one program per row would leave the GPU idle), then one small
+merging kernel. Every logits row is read once; no host sync, no data-dependent allocation.
+The tiling constants are greedy_verify's (imported) and so is its split rule.
+
+1. `_row_stats_kernel`, grid (rows, num_splits): one program streams one chunk of one row
+   in BLOCK_V tiles (fp32 after loading, NaN -> -inf) and writes, for that chunk,
+   - the max and its lowest index (argmax partial, ties -> lowest id);
+   - RANK (relaxed_verify): how many ids rank ahead of the draft at that position,
+     #{v: l_v > l_x} + #{v < x: l_v == l_x} (the draft logit l_x is one extra load);
+     counts add up exactly across chunks;
+   - SUMEXP (bild_verify, max_prob): sum_v exp(l_v - m), m the chunk max, kept with a
+     running max rescaled per tile (online softmax).
+2. `_chain_accept_kernel`, grid (B,): merges every position of a row at once ([g+1, splits]
+   block): argmax, max, rank count, lse = M + log(sum_s S_s * exp(m_s - M)) (lse = M when M
+   is +-inf, like torch.logsumexp); accept flags per position, num_accepted = the first
+   rejection, then output_tokens. No serial walk over positions.
+   `_max_prob_finish_kernel`, grid (cdiv(rows, BLOCK_R),): exp(M - lse), 1 for M = +inf,
+   0 for M = -inf.
+
+relaxed_verify is comparisons and counts only, so it matches the reference bit for bit
+(tau is rounded to float32, as torch does when comparing a float32 tensor to a Python
+float). bild_verify and max_prob use the reference's formulas (lse = M + log S, then
+lse - l_x <= threshold, exp(M - lse)) but sum in another order, so lse differs from
+torch.logsumexp by rounding: bild_verify can only differ where lse - l_x is within ~1e-5
+of the threshold, max_prob by a few float32 ulps.
+"""
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ops._backend import register
+from .greedy_verify import BLOCK_V, MAX_SPLITS, TILES_PER_PROGRAM
+
+FINISH_BLOCK_R = 32  # rows per program of the max_prob finishing kernel
+
+
+@triton.jit
+def _row_stats_kernel(logits_ptr, draft_ptr, part_val_ptr, part_idx_ptr, part_cnt_ptr, part_sum_ptr,
+                      vocab, num_pos, g, num_splits, stride_b, stride_p, stride_db, stride_dg,
+                      BLOCK_V: tl.constexpr, TILES: tl.constexpr, ARGMAX: tl.constexpr, RANK: tl.constexpr,
+                      SUMEXP: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # row = b * num_pos + position
+    split = tl.program_id(1).to(tl.int64)
+    b = row // num_pos
+    p = row % num_pos
+    base = logits_ptr + b * stride_b + p * stride_p
+    start = split * (BLOCK_V * TILES)
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    big = vocab  # larger than any valid index
+    best_val = tl.full((), float("-inf"), tl.float32)
+    best_idx = tl.full((), 0, tl.int64) + big
+    total = tl.full((), 0.0, tl.float32)  # sum exp(x - best_val) over the chunk so far
+    ahead = tl.full((), 0, tl.int32)
+    if RANK:
+        has_draft = p < g  # the bonus position has no draft
+        d = tl.load(draft_ptr + b * stride_db + p * stride_dg, mask=has_draft, other=-1)
+        d_ok = has_draft & (d >= 0) & (d < vocab)
+        lx = tl.load(base + tl.where(d_ok, d, 0), mask=d_ok, other=float("-inf")).to(tl.float32)
+        lx = tl.where(lx != lx, float("-inf"), lx)
+    for t in range(TILES):
+        offs = start + t * BLOCK_V + lanes
+        mask = offs < vocab
+        x = tl.load(base + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        x = tl.where(x != x, float("-inf"), x)
+        tile_max = tl.max(x, axis=0)
+        new_max = tl.maximum(best_val, tile_max)
+        if SUMEXP:
+            # shift by the running max; an infinite max shifts by 0 (the sum is then unused
+            # when it is +inf, and exactly 0 when it is -inf)
+            shift = tl.where(tl.abs(new_max) < float("inf"), new_max, 0.0)
+            total = total * tl.exp(best_val - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        if RANK:
+            before = (x > lx) | ((x == lx) & (offs < d))
+            ahead += tl.sum((before & mask).to(tl.int32), axis=0)
+        if ARGMAX:
+            tile_idx = tl.min(tl.where(mask & (x == tile_max), offs, big), axis=0)
+            take = (tile_max > best_val) | ((tile_max == best_val) & (tile_idx < best_idx))
+            best_idx = tl.where(take, tile_idx, best_idx)
+        best_val = new_max
+    out = row * num_splits + split
+    tl.store(part_val_ptr + out, best_val)
+    if ARGMAX:
+        tl.store(part_idx_ptr + out, best_idx)
+    if RANK:
+        tl.store(part_cnt_ptr + out, ahead)
+    if SUMEXP:
+        tl.store(part_sum_ptr + out, total)
+
+
+@triton.jit
+def _merge_lse(vals, sums, mask, AXIS: tl.constexpr):
+    """(max, logsumexp) from chunk maxima `vals` and their shifted sums `sums` along AXIS."""
+    top = tl.max(vals, axis=AXIS)
+    finite = tl.abs(top) < float("inf")
+    shift = tl.where(finite, top, 0.0)
+    if AXIS == 1:
+        shift = shift[:, None]
+    total = tl.sum(tl.where(mask, sums * tl.exp(vals - shift), 0.0), axis=AXIS)
+    total = tl.where(finite, total, 1.0)  # >= 1 when the max is finite
+    return top, tl.where(finite, top + tl.log(total), top)  # +-inf max: lse = max, like torch
+
+
+@triton.jit
+def _chain_accept_kernel(logits_ptr, part_val_ptr, part_idx_ptr, part_cnt_ptr, part_sum_ptr, draft_ptr,
+                         counts_ptr, out_ptr, num_acc_ptr, g, vocab, num_splits, stride_b, stride_p,
+                         stride_db, stride_dg, stride_c, stride_ob, top_beta, tau, threshold,
+                         RELAXED: tl.constexpr, HAS_COUNTS: tl.constexpr, BLOCK_P: tl.constexpr,
+                         BLOCK_S: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    num_pos = g + 1
+    if HAS_COUNTS:
+        n = tl.load(counts_ptr + b * stride_c)
+        n = tl.minimum(tl.maximum(n, 0), g)
+    else:
+        n = tl.full((), 0, tl.int64) + g
+    p = tl.arange(0, BLOCK_P)  # every position 0..g of the row at once
+    s = tl.arange(0, BLOCK_S)
+    mask = (p[:, None] < num_pos) & (s[None, :] < num_splits)
+    offs = (b * num_pos + p)[:, None] * num_splits + s[None, :]
+    vals = tl.load(part_val_ptr + offs, mask=mask, other=float("-inf"))
+    idxs = tl.load(part_idx_ptr + offs, mask=mask, other=vocab)
+    top_val = tl.max(vals, axis=1)
+    top = tl.min(tl.where(mask & (vals == top_val[:, None]), idxs, vocab), axis=1)
+    top = tl.where(top < vocab, top, 0)  # argmax, lowest id among equal maxima (all -inf: 0)
+    d = tl.load(draft_ptr + b * stride_db + p * stride_dg, mask=p < g, other=-1)
+    d_ok = (d >= 0) & (d < vocab)
+    lx = tl.load(logits_ptr + b * stride_b + p * stride_p + tl.where(d_ok, d, 0), mask=d_ok,
+                 other=float("-inf")).to(tl.float32)
+    lx = tl.where(lx != lx, float("-inf"), lx)
+    if RELAXED:
+        ahead = tl.sum(tl.load(part_cnt_ptr + offs, mask=mask, other=0), axis=1)
+        ok = (ahead < top_beta) & ((d == top) | ((top_val - lx) < tau))
+    else:
+        sums = tl.load(part_sum_ptr + offs, mask=mask, other=0.0)
+        _, lse = _merge_lse(vals, sums, mask, 1)
+        ok = (lse - lx) <= threshold
+    ok = ok & d_ok & (p < n)  # never true at p >= g
+    accepted = tl.min(tl.where(ok, BLOCK_P, p), axis=0)  # the first rejection (or the bonus position)
+    final = tl.sum(tl.where(p == accepted, top, 0), axis=0)
+    # accepted drafts, then the argmax at the first rejection or the bonus argmax, then padding
+    tok = tl.where(p < accepted, d, tl.where(p == accepted, final, -1))
+    tl.store(out_ptr + b * stride_ob + p, tok, mask=p < num_pos)
+    tl.store(num_acc_ptr + b, accepted.to(tl.int64))
+
+
+@triton.jit
+def _max_prob_finish_kernel(part_val_ptr, part_sum_ptr, out_ptr, num_rows, num_splits,
+                            BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    s = tl.arange(0, BLOCK_S)
+    mask = (rows[:, None] < num_rows) & (s[None, :] < num_splits)
+    offs = rows[:, None] * num_splits + s[None, :]
+    vals = tl.load(part_val_ptr + offs, mask=mask, other=float("-inf"))
+    sums = tl.load(part_sum_ptr + offs, mask=mask, other=0.0)
+    top, lse = _merge_lse(vals, sums, mask, 1)
+    finite = tl.abs(top) < float("inf")
+    prob = tl.exp(tl.where(finite, top, 0.0) - tl.where(finite, lse, 0.0))  # exp(max - lse), like the reference
+    prob = tl.where(top == float("inf"), 1.0, tl.where(top == float("-inf"), 0.0, prob))
+    tl.store(out_ptr + rows, prob, mask=rows < num_rows)
+
+
+def _split_plan(vocab: int, block_v: int, tiles_per_program: int, max_splits: int) -> tuple[int, int, int]:
+    """(BLOCK_V, TILES, num_splits): each of num_splits programs per row streams TILES tiles."""
+    block_v = min(block_v, max(16, triton.next_power_of_2(vocab)))
+    num_tiles = triton.cdiv(vocab, block_v)
+    wanted = max(tiles_per_program, triton.cdiv(num_tiles, max_splits))
+    tiles = min(num_tiles, triton.next_power_of_2(wanted))  # few distinct constexpr values
+    return block_v, tiles, triton.cdiv(num_tiles, tiles)
+
+
+def _device_scope(device: torch.device):
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _float32(value: float) -> float:
+    """`value` rounded to float32, as torch rounds a Python float compared to a float32 tensor."""
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def _launch_chain(target_logits, draft_tokens, num_draft_tokens, *, relaxed: bool, top_beta: int = 1,
+                  tau: float = 0.0, threshold: float = 0.0, block_v: int = BLOCK_V,
+                  tiles_per_program: int = TILES_PER_PROGRAM, max_splits: int = MAX_SPLITS):
+    batch, g = draft_tokens.shape
+    vocab = target_logits.shape[-1]
+    device = draft_tokens.device
+    out_tokens = torch.empty(batch, g + 1, dtype=torch.int64, device=device)
+    num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
+    if batch == 0:
+        return out_tokens, num_accepted
+    block_v, tiles, num_splits = _split_plan(vocab, block_v, tiles_per_program, max_splits)
+    rows = batch * (g + 1)
+    part_val = torch.empty(rows, num_splits, dtype=torch.float32, device=device)
+    part_idx = torch.empty(rows, num_splits, dtype=torch.int64, device=device)
+    rank, sumexp = relaxed and g > 0, not relaxed and g > 0  # the bonus position only needs the argmax
+    part_cnt = torch.empty(rows, num_splits, dtype=torch.int32, device=device) if rank else part_idx
+    part_sum = torch.empty(rows, num_splits, dtype=torch.float32, device=device) if sumexp else part_val
+    with _device_scope(device):
+        _row_stats_kernel[(rows, num_splits)](
+            target_logits, draft_tokens, part_val, part_idx, part_cnt, part_sum,
+            vocab, g + 1, g, num_splits, target_logits.stride(0), target_logits.stride(1),
+            draft_tokens.stride(0), draft_tokens.stride(1),
+            BLOCK_V=block_v, TILES=tiles, ARGMAX=True, RANK=rank, SUMEXP=sumexp)
+        counts = draft_tokens if num_draft_tokens is None else num_draft_tokens  # placeholder when absent
+        _chain_accept_kernel[(batch,)](
+            target_logits, part_val, part_idx, part_cnt, part_sum, draft_tokens, counts, out_tokens, num_accepted,
+            g, vocab, num_splits, target_logits.stride(0), target_logits.stride(1),
+            draft_tokens.stride(0), draft_tokens.stride(1),
+            0 if num_draft_tokens is None else num_draft_tokens.stride(0), out_tokens.stride(0),
+            min(top_beta, vocab + 1), _float32(tau), _float32(threshold),  # a rank is at most V - 1
+            RELAXED=relaxed, HAS_COUNTS=num_draft_tokens is not None,
+            BLOCK_P=max(2, triton.next_power_of_2(g + 1)), BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+    return out_tokens, num_accepted
+
+
+def relaxed_verify(target_logits, draft_tokens, *, top_beta: int, tau: float, num_draft_tokens=None):
+    """Triton `relaxed_verify` on validated inputs (see specdec_kernels.ops.relaxed_verify)."""
+    return _launch_chain(target_logits, draft_tokens, num_draft_tokens, relaxed=True, top_beta=top_beta, tau=tau)
+
+
+def bild_verify(target_logits, draft_tokens, *, rollback_threshold: float, num_draft_tokens=None):
+    """Triton `bild_verify` on validated inputs (see specdec_kernels.ops.bild_verify)."""
+    return _launch_chain(target_logits, draft_tokens, num_draft_tokens, relaxed=False, threshold=rollback_threshold)
+
+
+def _launch_max_prob(logits, *, block_v: int = BLOCK_V, tiles_per_program: int = TILES_PER_PROGRAM,
+                     max_splits: int = MAX_SPLITS):
+    vocab = logits.shape[-1]
+    out = torch.empty(logits.shape[:-1], dtype=torch.float32, device=logits.device)
+    rows = out.numel()
+    if rows == 0:
+        return out
+    # rows addressed as [outer, inner, V] with two strides: a view for 1-3 dims, and for
+    # more dims a view when the leading dims collapse (reshape copies otherwise)
+    if logits.dim() <= 2:
+        rows3 = logits.reshape(1, -1, vocab)
+    else:
+        rows3 = logits.reshape(-1, logits.shape[-2], vocab)
+    block_v, tiles, num_splits = _split_plan(vocab, block_v, tiles_per_program, max_splits)
+    part_val = torch.empty(rows, num_splits, dtype=torch.float32, device=logits.device)
+    part_sum = torch.empty(rows, num_splits, dtype=torch.float32, device=logits.device)
+    with _device_scope(logits.device):
+        _row_stats_kernel[(rows, num_splits)](
+            rows3, part_val, part_val, part_val, part_val, part_sum,
+            vocab, rows3.shape[1], 0, num_splits, rows3.stride(0), rows3.stride(1), 0, 0,
+            BLOCK_V=block_v, TILES=tiles, ARGMAX=False, RANK=False, SUMEXP=True)
+        _max_prob_finish_kernel[(triton.cdiv(rows, FINISH_BLOCK_R),)](
+            part_val, part_sum, out, rows, num_splits,
+            BLOCK_R=FINISH_BLOCK_R, BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+    return out
+
+
+def max_prob(logits):
+    """Triton `max_prob` on validated inputs (see specdec_kernels.ops.max_prob)."""
+    return _launch_max_prob(logits)
+
+
+register("relaxed_verify", "triton", relaxed_verify)
+register("bild_verify", "triton", bild_verify)
+register("max_prob", "triton", max_prob)
