@@ -17,7 +17,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from specdec_kernels import ops, reference  # noqa: E402
-from specdec_kernels.triton import greedy_verify as triton_module  # noqa: E402
+from specdec_kernels.triton import logit_verify as triton_module  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
@@ -149,8 +149,8 @@ def test_many_splits(vocab):
     counts = torch.tensor([3, 1, 2])
     want = reference.greedy_verify(logits, drafts, num_draft_tokens=counts)
     for block_v, tiles, max_splits in ((16, 1, 64), (16, 2, 3), (32, 4, 1)):
-        got = triton_module._launch(logits, drafts, counts, block_v=block_v, tiles_per_program=tiles,
-                                    max_splits=max_splits)
+        got = triton_module._launch_chain(logits, drafts, counts, mode=triton_module.GREEDY.value, block_v=block_v,
+                                          tiles_per_program=tiles, max_splits=max_splits)
         assert all(torch.equal(a, b) for a, b in zip(got, want)), (block_v, tiles, max_splits)
 
 

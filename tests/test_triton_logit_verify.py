@@ -239,11 +239,11 @@ def test_many_splits(vocab):
     for block_v, tiles, max_splits in ((16, 1, 64), (16, 2, 3), (32, 4, 1)):
         plan = dict(block_v=block_v, tiles_per_program=tiles, max_splits=max_splits)
         for beta, tau in ((1, 5.0), (2, 0.7), (50, 3.0)):
-            got = triton_module._launch_chain(logits, drafts, counts, relaxed=True, top_beta=beta, tau=tau, **plan)
+            got = triton_module._launch_chain(logits, drafts, counts, mode=triton_module.RELAXED.value, top_beta=beta, tau=tau, **plan)
             assert_same(got, ops.relaxed_verify(logits, drafts, top_beta=beta, tau=tau, num_draft_tokens=counts,
                                                 backend="torch"))
         for t in thresholds:
-            got = triton_module._launch_chain(logits, drafts, counts, relaxed=False, threshold=t, **plan)
+            got = triton_module._launch_chain(logits, drafts, counts, mode=triton_module.BILD.value, threshold=t, **plan)
             assert_same(got, ops.bild_verify(logits, drafts, rollback_threshold=t, num_draft_tokens=counts,
                                              backend="torch"))
         torch.testing.assert_close(triton_module._launch_max_prob(logits, **plan),

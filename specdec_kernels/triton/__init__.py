@@ -6,9 +6,8 @@ itself, not this subpackage. Without triton installed nothing is registered and 
 """
 
 try:
-    from . import greedy_verify  # noqa: F401  (registers greedy_verify/triton)
-    from . import rejection_sample  # noqa: F401  (registers rejection_sample/triton)
-    from . import logit_verify  # noqa: F401  (registers relaxed_verify, bild_verify, max_prob /triton)
+    from . import logit_verify  # noqa: F401  (greedy_verify, relaxed_verify, bild_verify, max_prob)
+    from . import rejection_sample  # noqa: F401  (rejection_sample)
 except ImportError as _error:  # triton not installed
     IMPORT_ERROR: ImportError | None = _error
 else:

@@ -1,9 +1,10 @@
-"""Triton backends of `relaxed_verify` (SpecDec), `bild_verify` (BiLD rollback) and `max_prob`.
+"""Triton backends of the logits verification ops: `greedy_verify`, `relaxed_verify`
+(SpecDec), `bild_verify` (BiLD rollback) and `max_prob`.
 
-Design: split-V partials like `greedy_verify` (the usual speculative-decoding batch has few
-rows and a large V, so one program per row would leave the GPU idle), then one small
-merging kernel. Every logits row is read once; no host sync, no data-dependent allocation.
-The tiling constants are greedy_verify's (imported) and so is its split rule.
+Design: split-V partials (the usual speculative-decoding batch has few rows and a large V,
+so one program per row would leave the GPU idle), then one small merging kernel. Every
+logits row is read once; no host sync, no data-dependent allocation. Two launches because
+the accept step needs every position's finished statistics (a later step fuses them).
 
 1. `_row_stats_kernel`, grid (rows, num_splits): one program streams one chunk of one row
    in BLOCK_V tiles (fp32 after loading, NaN -> -inf) and writes, for that chunk,
@@ -16,11 +17,12 @@ The tiling constants are greedy_verify's (imported) and so is its split rule.
 2. `_chain_accept_kernel`, grid (B,): merges every position of a row at once ([g+1, splits]
    block): argmax, max, rank count, lse = M + log(sum_s S_s * exp(m_s - M)) (lse = M when M
    is +-inf, like torch.logsumexp); accept flags per position, num_accepted = the first
-   rejection, then output_tokens. No serial walk over positions.
+   rejection, then output_tokens. No serial walk over positions. MODE picks the rule:
+   greedy (draft == argmax), relaxed (rank and tau) or bild (NLL threshold).
    `_max_prob_finish_kernel`, grid (cdiv(rows, BLOCK_R),): exp(M - lse), 1 for M = +inf,
    0 for M = -inf.
 
-relaxed_verify is comparisons and counts only, so it matches the reference bit for bit
+greedy_verify and relaxed_verify are comparisons and counts only, so they match the reference bit for bit
 (tau is rounded to float32, as torch does when comparing a float32 tensor to a Python
 float). bild_verify and max_prob use the reference's formulas (lse = M + log S, then
 lse - l_x <= threshold, exp(M - lse)) but sum in another order, so lse differs from
@@ -35,7 +37,14 @@ import triton
 import triton.language as tl
 
 from ..ops._backend import register
-from .greedy_verify import BLOCK_V, MAX_SPLITS, TILES_PER_PROGRAM
+
+BLOCK_V = 1024  # elements per tile (power of two)
+TILES_PER_PROGRAM = 4  # tiles one program streams before the V dimension is split further
+MAX_SPLITS = 64  # cap on programs per row; larger V gives each program more tiles
+# accept rules of _chain_accept_kernel (constexpr so the kernel can branch on them)
+GREEDY: tl.constexpr = tl.constexpr(0)
+RELAXED: tl.constexpr = tl.constexpr(1)
+BILD: tl.constexpr = tl.constexpr(2)
 
 FINISH_BLOCK_R = 32  # rows per program of the max_prob finishing kernel
 
@@ -110,7 +119,7 @@ def _merge_lse(vals, sums, mask, AXIS: tl.constexpr):
 def _chain_accept_kernel(logits_ptr, part_val_ptr, part_idx_ptr, part_cnt_ptr, part_sum_ptr, draft_ptr,
                          counts_ptr, out_ptr, num_acc_ptr, g, vocab, num_splits, stride_b, stride_p,
                          stride_db, stride_dg, stride_c, stride_ob, top_beta, tau, threshold,
-                         RELAXED: tl.constexpr, HAS_COUNTS: tl.constexpr, BLOCK_P: tl.constexpr,
+                         MODE: tl.constexpr, HAS_COUNTS: tl.constexpr, BLOCK_P: tl.constexpr,
                          BLOCK_S: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     num_pos = g + 1
@@ -133,7 +142,9 @@ def _chain_accept_kernel(logits_ptr, part_val_ptr, part_idx_ptr, part_cnt_ptr, p
     lx = tl.load(logits_ptr + b * stride_b + p * stride_p + tl.where(d_ok, d, 0), mask=d_ok,
                  other=float("-inf")).to(tl.float32)
     lx = tl.where(lx != lx, float("-inf"), lx)
-    if RELAXED:
+    if MODE == GREEDY:
+        ok = d == top
+    elif MODE == RELAXED:
         ahead = tl.sum(tl.load(part_cnt_ptr + offs, mask=mask, other=0), axis=1)
         ok = (ahead < top_beta) & ((d == top) | ((top_val - lx) < tau))
     else:
@@ -183,7 +194,7 @@ def _float32(value: float) -> float:
     return float(torch.tensor(value, dtype=torch.float32))
 
 
-def _launch_chain(target_logits, draft_tokens, num_draft_tokens, *, relaxed: bool, top_beta: int = 1,
+def _launch_chain(target_logits, draft_tokens, num_draft_tokens, *, mode: int, top_beta: int = 1,
                   tau: float = 0.0, threshold: float = 0.0, block_v: int = BLOCK_V,
                   tiles_per_program: int = TILES_PER_PROGRAM, max_splits: int = MAX_SPLITS):
     batch, g = draft_tokens.shape
@@ -197,7 +208,7 @@ def _launch_chain(target_logits, draft_tokens, num_draft_tokens, *, relaxed: boo
     rows = batch * (g + 1)
     part_val = torch.empty(rows, num_splits, dtype=torch.float32, device=device)
     part_idx = torch.empty(rows, num_splits, dtype=torch.int64, device=device)
-    rank, sumexp = relaxed and g > 0, not relaxed and g > 0  # the bonus position only needs the argmax
+    rank, sumexp = mode == RELAXED.value and g > 0, mode == BILD.value and g > 0  # the bonus position needs only the argmax
     part_cnt = torch.empty(rows, num_splits, dtype=torch.int32, device=device) if rank else part_idx
     part_sum = torch.empty(rows, num_splits, dtype=torch.float32, device=device) if sumexp else part_val
     with _device_scope(device):
@@ -213,19 +224,24 @@ def _launch_chain(target_logits, draft_tokens, num_draft_tokens, *, relaxed: boo
             draft_tokens.stride(0), draft_tokens.stride(1),
             0 if num_draft_tokens is None else num_draft_tokens.stride(0), out_tokens.stride(0),
             min(top_beta, vocab + 1), _float32(tau), _float32(threshold),  # a rank is at most V - 1
-            RELAXED=relaxed, HAS_COUNTS=num_draft_tokens is not None,
+            MODE=mode, HAS_COUNTS=num_draft_tokens is not None,
             BLOCK_P=max(2, triton.next_power_of_2(g + 1)), BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
     return out_tokens, num_accepted
 
 
+def greedy_verify(target_logits, draft_tokens, *, num_draft_tokens=None):
+    """Triton `greedy_verify` on validated inputs (see specdec_kernels.ops.greedy_verify)."""
+    return _launch_chain(target_logits, draft_tokens, num_draft_tokens, mode=GREEDY.value)
+
+
 def relaxed_verify(target_logits, draft_tokens, *, top_beta: int, tau: float, num_draft_tokens=None):
     """Triton `relaxed_verify` on validated inputs (see specdec_kernels.ops.relaxed_verify)."""
-    return _launch_chain(target_logits, draft_tokens, num_draft_tokens, relaxed=True, top_beta=top_beta, tau=tau)
+    return _launch_chain(target_logits, draft_tokens, num_draft_tokens, mode=RELAXED.value, top_beta=top_beta, tau=tau)
 
 
 def bild_verify(target_logits, draft_tokens, *, rollback_threshold: float, num_draft_tokens=None):
     """Triton `bild_verify` on validated inputs (see specdec_kernels.ops.bild_verify)."""
-    return _launch_chain(target_logits, draft_tokens, num_draft_tokens, relaxed=False, threshold=rollback_threshold)
+    return _launch_chain(target_logits, draft_tokens, num_draft_tokens, mode=BILD.value, threshold=rollback_threshold)
 
 
 def _launch_max_prob(logits, *, block_v: int = BLOCK_V, tiles_per_program: int = TILES_PER_PROGRAM,
@@ -260,6 +276,7 @@ def max_prob(logits):
     return _launch_max_prob(logits)
 
 
+register("greedy_verify", "triton", greedy_verify)
 register("relaxed_verify", "triton", relaxed_verify)
 register("bild_verify", "triton", bild_verify)
 register("max_prob", "triton", max_prob)
