@@ -96,6 +96,9 @@ def _rejection_sample_kernel(
     p_row = target_ptr + b * stride_tb + num_acc * stride_tp
     q_row = draft_probs_ptr + b * stride_qb + tl.maximum(tl.minimum(num_acc, g - 1), 0) * stride_qp
     lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    # q is read only on a rejected row; the limit is a vector compare rather than `mask & flag`
+    # (some Triton interpreter versions reject a block mask combined with a scalar flag)
+    q_limit = tl.where(rejected, vocab, 0)
 
     total_r = tl.full((), 0, tl.int64)  # residual weights (plain p on a bonus row)
     total_p = tl.full((), 0, tl.int64)  # fallback: p's weights
@@ -103,12 +106,13 @@ def _rejection_sample_kernel(
         offs = start + lanes
         m = offs < vocab
         p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float32)
-        q = tl.load(q_row + offs, mask=m & rejected, other=0.0).to(tl.float32)  # q = 0: p - 0 == p
+        q = tl.load(q_row + offs, mask=offs < q_limit, other=0.0).to(tl.float32)  # q = 0: p - 0 == p
         total_r += tl.sum(to_weights(p - q), axis=0)
         total_p += tl.sum(to_weights(p), axis=0)
 
     use_r = total_r > 0
     total = tl.where(use_r, total_r, total_p)
+    q_limit = tl.where(use_r, q_limit, 0)  # an empty residual draws from p alone
     threshold = draw_threshold(u, total)
     count = tl.full((), 0, tl.int64)
     carry = tl.full((), 0, tl.int64)
@@ -116,7 +120,7 @@ def _rejection_sample_kernel(
         offs = start + lanes
         m = offs < vocab
         p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float32)
-        q = tl.load(q_row + offs, mask=m & rejected & use_r, other=0.0).to(tl.float32)
+        q = tl.load(q_row + offs, mask=offs < q_limit, other=0.0).to(tl.float32)
         w = to_weights(p - q)  # the residual, or p's weights when q was not read
         count += count_at_or_below(w, carry, threshold, m)
         carry += tl.sum(w, axis=0)
