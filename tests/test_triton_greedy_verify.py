@@ -4,25 +4,13 @@ Runs on CPU tensors under the Triton interpreter (TRITON_INTERPRET=1, set before
 imported); on a machine without triton the module is skipped.
 """
 
-import os
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-pytest.importorskip("triton")
-
-import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from specdec_kernels import ops, reference  # noqa: E402
-from specdec_kernels.triton import logit_verify as triton_module  # noqa: E402
-
-pytestmark = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-    reason="CPU tensors need TRITON_INTERPRET=1 (it was set to something else before this module ran)",
-)
+from specdec_kernels import ops, reference
+from specdec_kernels.triton import logit_verify as triton_module
 
 INF, NAN = float("inf"), float("nan")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -7,27 +7,16 @@ used here is first moved at least MARGIN away from every finite draft NLL of the
 compared with rtol 1e-5 / atol 1e-6. Runs on CPU tensors under the Triton interpreter.
 """
 
-import os
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-pytest.importorskip("triton")
-
-import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from specdec_kernels import ops  # noqa: E402
-from specdec_kernels.reference._sampling import gather_token_values, nan_to_neg_inf  # noqa: E402
-from specdec_kernels.triton import logit_verify as triton_module  # noqa: E402
+from specdec_kernels import ops
+from specdec_kernels.reference._sampling import gather_token_values, nan_to_neg_inf
+from specdec_kernels.triton import logit_verify as triton_module
 
 pytestmark = [
-    pytest.mark.skipif(
-        os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-        reason="CPU tensors need TRITON_INTERPRET=1 (it was set to something else before this module ran)",
-    ),
     # inf - inf and log(0) on NaN/inf rows are intended (they follow the reference); the
     # interpreter evaluates them with numpy, which warns
     pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter"),

@@ -5,30 +5,19 @@ Runs on CPU tensors under the Triton interpreter (TRITON_INTERPRET=1, set before
 imported); on a machine without triton the module is skipped.
 """
 
-import os
+import pytest
+import torch
+import triton
+import triton.language as tl
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-pytest.importorskip("triton")
-
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from specdec_kernels import ops, reference  # noqa: E402
-from specdec_kernels.reference import rng  # noqa: E402
-from specdec_kernels.triton import _philox  # noqa: E402
-from specdec_kernels.triton import rejection_sample as triton_module  # noqa: E402
+from specdec_kernels import ops, reference
+from specdec_kernels.reference import rng
+from specdec_kernels.triton import _philox
+from specdec_kernels.triton import rejection_sample as triton_module
 
 pytestmark = [
-    pytest.mark.skipif(
-        os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-        reason="CPU tensors need TRITON_INTERPRET=1 (it was set to something else before this module ran)",
-    ),
     # the interpreter evaluates 0 * inf and NaN arithmetic with numpy, which warns
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
 ]

@@ -33,6 +33,16 @@ def _check_chain(op: str, scores: Tensor, name: str, draft_tokens: Tensor, num_d
     return batch, g, vocab
 
 
+def _check_sampling(op: str, target: Tensor, target_name: str, draft: Tensor, draft_name: str, draft_tokens: Tensor,
+                    num_draft_tokens, uniforms, seed, offsets) -> tuple[int, int, int]:
+    """The checks shared by the two speculative-sampling ops (probs or logits in)."""
+    batch, g, vocab = _check_chain(op, target, target_name, draft_tokens, num_draft_tokens)
+    check.tensor(op, draft_name, draft, shape=(batch, g, vocab), dtypes=check.FLOAT_DTYPES, device=draft_tokens.device)
+    check.same_dtype(op, (target_name, draft_name), target, draft)
+    check.randomness(op, uniforms, seed, offsets, shape=(batch, g + 1), batch=batch, device=draft_tokens.device)
+    return batch, g, vocab
+
+
 # ---------------------------------------------------------------- rejection_sample
 
 @torch.library.custom_op("specdec::rejection_sample", mutates_args=())
@@ -79,11 +89,8 @@ def rejection_sample(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Te
         output_tokens [B, g+1] int64 padded with -1, num_accepted [B] int64.
     """
     op = "rejection_sample"
-    batch, g, vocab = _check_chain(op, target_probs, "target_probs", draft_tokens, num_draft_tokens)
-    check.tensor(op, "draft_probs", draft_probs, shape=(batch, g, vocab), dtypes=check.FLOAT_DTYPES,
-                 device=draft_tokens.device)
-    check.same_dtype(op, ("target_probs", "draft_probs"), target_probs, draft_probs)
-    check.randomness(op, uniforms, seed, offsets, shape=(batch, g + 1), batch=batch, device=draft_tokens.device)
+    _check_sampling(op, target_probs, "target_probs", draft_probs, "draft_probs", draft_tokens, num_draft_tokens,
+                    uniforms, seed, offsets)
     seed_int, seeds = check.split_seed(seed)
     return _rejection_sample_op(target_probs, draft_probs, draft_tokens, uniforms, seed_int, seeds, offsets,
                                 num_draft_tokens, resolve(op, backend, draft_tokens.device))
@@ -126,11 +133,8 @@ def rejection_sample_logits(target_logits: Tensor, draft_logits: Tensor, draft_t
         output_tokens [B, g+1] int64 padded with -1, num_accepted [B] int64.
     """
     op = "rejection_sample_logits"
-    batch, g, vocab = _check_chain(op, target_logits, "target_logits", draft_tokens, num_draft_tokens)
-    check.tensor(op, "draft_logits", draft_logits, shape=(batch, g, vocab), dtypes=check.FLOAT_DTYPES,
-                 device=draft_tokens.device)
-    check.same_dtype(op, ("target_logits", "draft_logits"), target_logits, draft_logits)
-    check.randomness(op, uniforms, seed, offsets, shape=(batch, g + 1), batch=batch, device=draft_tokens.device)
+    batch, _, _ = _check_sampling(op, target_logits, "target_logits", draft_logits, "draft_logits", draft_tokens,
+                                  num_draft_tokens, uniforms, seed, offsets)
     temperatures = None
     if isinstance(temperature, Tensor):
         temperatures = check.tensor(op, "temperature", temperature, shape=(batch,), dtypes=(torch.float32,),

@@ -30,13 +30,12 @@ torch.logsumexp by rounding: bild_verify can only differ where lse - l_x is with
 of the threshold, max_prob by a few float32 ulps.
 """
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
 from ..ops._backend import register
+from ._launch import chain_outputs, device_scope
 
 BLOCK_V = 1024  # elements per tile (power of two)
 TILES_PER_PROGRAM = 4  # tiles one program streams before the V dimension is split further
@@ -185,10 +184,6 @@ def _split_plan(vocab: int, block_v: int, tiles_per_program: int, max_splits: in
     return block_v, tiles, triton.cdiv(num_tiles, tiles)
 
 
-def _device_scope(device: torch.device):
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
 def _float32(value: float) -> float:
     """`value` rounded to float32, as torch rounds a Python float compared to a float32 tensor."""
     return float(torch.tensor(value, dtype=torch.float32))
@@ -200,8 +195,7 @@ def _launch_chain(target_logits, draft_tokens, num_draft_tokens, *, mode: int, t
     batch, g = draft_tokens.shape
     vocab = target_logits.shape[-1]
     device = draft_tokens.device
-    out_tokens = torch.empty(batch, g + 1, dtype=torch.int64, device=device)
-    num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
+    out_tokens, num_accepted = chain_outputs(draft_tokens)
     if batch == 0:
         return out_tokens, num_accepted
     block_v, tiles, num_splits = _split_plan(vocab, block_v, tiles_per_program, max_splits)
@@ -211,7 +205,7 @@ def _launch_chain(target_logits, draft_tokens, num_draft_tokens, *, mode: int, t
     rank, sumexp = mode == RELAXED.value and g > 0, mode == BILD.value and g > 0  # the bonus position needs only the argmax
     part_cnt = torch.empty(rows, num_splits, dtype=torch.int32, device=device) if rank else part_idx
     part_sum = torch.empty(rows, num_splits, dtype=torch.float32, device=device) if sumexp else part_val
-    with _device_scope(device):
+    with device_scope(device):
         _row_stats_kernel[(rows, num_splits)](
             target_logits, draft_tokens, part_val, part_idx, part_cnt, part_sum,
             vocab, g + 1, g, num_splits, target_logits.stride(0), target_logits.stride(1),
@@ -260,7 +254,7 @@ def _launch_max_prob(logits, *, block_v: int = BLOCK_V, tiles_per_program: int =
     block_v, tiles, num_splits = _split_plan(vocab, block_v, tiles_per_program, max_splits)
     part_val = torch.empty(rows, num_splits, dtype=torch.float32, device=logits.device)
     part_sum = torch.empty(rows, num_splits, dtype=torch.float32, device=logits.device)
-    with _device_scope(logits.device):
+    with device_scope(logits.device):
         _row_stats_kernel[(rows, num_splits)](
             rows3, part_val, part_val, part_val, part_val, part_sum,
             vocab, rows3.shape[1], 0, num_splits, rows3.stride(0), rows3.stride(1), 0, 0,

@@ -21,13 +21,12 @@ Splitting the residual row over programs (partial totals, then a second launch o
 cross-program handshake for the search) is a later step.
 """
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
 from ..ops._backend import register
+from ._launch import chain_outputs, device_scope
 from ._fixed_point import count_at_or_below, draw_threshold, to_weights
 from ._philox import SALT_ACCEPT, SALT_FINAL, philox_uniform
 
@@ -139,8 +138,7 @@ def _launch(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None
     batch, g = draft_tokens.shape
     vocab = target_probs.shape[-1]
     device = draft_tokens.device
-    out_tokens = torch.empty(batch, g + 1, dtype=torch.int64, device=device)
-    num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
+    out_tokens, num_accepted = chain_outputs(draft_tokens)
     if batch == 0:
         return out_tokens, num_accepted
     block_v = min(block_v, max(16, triton.next_power_of_2(vocab)))
@@ -157,7 +155,7 @@ def _launch(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None
     seeds_t = placeholder if seeds is None else seeds
     offsets_t = placeholder if offsets is None else offsets
     counts_t = placeholder if num_draft_tokens is None else num_draft_tokens
-    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+    with device_scope(device):
         _rejection_sample_kernel[(batch,)](
             target_probs, draft_probs, draft_tokens, uniforms_t, seeds_t, offsets_t, counts_t,
             out_tokens, num_accepted, seed_int, g, vocab,
