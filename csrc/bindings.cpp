@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ops.h"
+#include "registry.h"
 
 // Set by the build, e.g. -DSPECDEC_CUDA_ARCHS="\"80;90\"".
 #ifndef SPECDEC_CUDA_ARCHS
@@ -21,11 +22,6 @@
 namespace py = pybind11;
 
 namespace {
-
-template <typename T>
-T* as_ptr(uint64_t address) {
-  return reinterpret_cast<T*>(static_cast<uintptr_t>(address));
-}
 
 std::vector<std::string> compiled_archs() {
   std::vector<std::string> archs;
@@ -67,15 +63,20 @@ void greedy_verify(uint64_t logits, int64_t logits_stride_b, int64_t logits_stri
                    uint64_t draft_tokens, uint64_t num_draft_tokens, uint64_t out_tokens,
                    uint64_t num_accepted, uint64_t workspace, int64_t B, int64_t G, int64_t V,
                    int dtype, uint64_t stream) {
-  specdec::launch_greedy_verify(as_ptr<const void>(logits), logits_stride_b, logits_stride_g,
-                                as_ptr<const int64_t>(draft_tokens),
-                                as_ptr<const int64_t>(num_draft_tokens),
-                                as_ptr<int64_t>(out_tokens), as_ptr<int64_t>(num_accepted),
-                                as_ptr<void>(workspace), B, G, V, dtype,
+  specdec::launch_greedy_verify(specdec::device_ptr<const void>(logits), logits_stride_b, logits_stride_g,
+                                specdec::device_ptr<const int64_t>(draft_tokens),
+                                specdec::device_ptr<const int64_t>(num_draft_tokens),
+                                specdec::device_ptr<int64_t>(out_tokens), specdec::device_ptr<int64_t>(num_accepted),
+                                specdec::device_ptr<void>(workspace), B, G, V, dtype,
                                 reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)));
 }
 
 }  // namespace
+
+std::vector<specdec::Binder>& specdec::binder_registry() {
+  static std::vector<Binder> registry;
+  return registry;
+}
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "specdec_kernels CUDA kernels (raw-pointer API; use the Python wrappers)";
@@ -99,4 +100,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_runtime_version", &cuda_runtime_version,
         "cudaRuntimeGetVersion() of the linked runtime, e.g. 13000.");
   m.def("device_count", &device_count, "Number of visible CUDA devices; 0 without driver/GPU.");
+
+  for (const specdec::Binder bind : specdec::binder_registry()) bind(m);  // csrc/bind_*.cpp
 }

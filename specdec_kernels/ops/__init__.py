@@ -6,7 +6,7 @@ GPU, else the torch reference) and runs as a `torch.library` custom op (namespac
 never imports transformers: frameworks can use the kernels with torch alone.
 """
 
-from . import _cuda  # noqa: F401  (registers the CUDA backends)
+from .. import cuda as _cuda_backends  # noqa: F401  (registers the CUDA backends)
 from .. import triton as _triton_backends  # noqa: F401  (registers the Triton backends)
 from ._backend import BACKENDS, implemented_backends, registered_ops, resolve
 from .attention import tree_attention

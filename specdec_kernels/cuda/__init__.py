@@ -1,0 +1,6 @@
+"""CUDA backends of the ops (the compiled `specdec_kernels._C`); importing this package
+registers them with `ops._backend`. Registration needs no GPU: `ops._backend.resolve`
+only picks a `cuda` backend when `_C` loads and the tensors are on a CUDA device.
+"""
+
+from . import greedy_verify  # noqa: F401

@@ -1,0 +1,24 @@
+"""CUDA backend of `greedy_verify` (csrc/greedy_verify.cu): one launch per call."""
+
+from ..ops._backend import register
+from ._launch import DTYPE_CODES, chain_outputs, on_device, library, pointer, stream_handle, zeroed_workspace
+
+
+def greedy_verify(target_logits, draft_tokens, *, num_draft_tokens=None):
+    lib = library()
+    batch, g = draft_tokens.shape
+    vocab = target_logits.shape[-1]
+    device = draft_tokens.device
+    draft_tokens = draft_tokens.contiguous()
+    counts = None if num_draft_tokens is None else num_draft_tokens.contiguous()
+    out_tokens, num_accepted = chain_outputs(draft_tokens)
+    workspace = zeroed_workspace(device, lib.greedy_verify_workspace_bytes(batch, g))
+    with on_device(device):  # the launcher queries the current device's SM count
+        lib.greedy_verify(
+            target_logits.data_ptr(), target_logits.stride(0), target_logits.stride(1), draft_tokens.data_ptr(),
+            pointer(counts), out_tokens.data_ptr(), num_accepted.data_ptr(), workspace.data_ptr(), batch, g, vocab,
+            DTYPE_CODES[target_logits.dtype], stream_handle(device))
+    return out_tokens, num_accepted
+
+
+register("greedy_verify", "cuda", greedy_verify)
