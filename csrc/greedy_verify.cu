@@ -11,9 +11,9 @@
 // writes the outputs: no second kernel and no host sync.
 
 #include <algorithm>
-#include <atomic>
 
 #include "common.cuh"
+#include "launch_utils.h"
 #include "ops.h"
 
 namespace specdec {
@@ -28,7 +28,6 @@ constexpr int64_t kChunkAlign = 8;
 constexpr int64_t kMinChunk = 4096;
 // Enough resident blocks to hide memory latency at small B.
 constexpr int64_t kBlocksPerSM = 4;
-constexpr int kMaxCachedDevices = 64;
 
 __device__ __forceinline__ int drafts_in_row(const int64_t* num_draft_tokens, int b, int G) {
   if (num_draft_tokens == nullptr) return G;
@@ -147,26 +146,6 @@ greedy_verify_kernel(const T* __restrict__ logits, int64_t stride_b, int64_t str
     row_out[j] = j < a ? draft_tokens[static_cast<int64_t>(b) * G + j]
                        : (j == a ? s_next_token : int64_t{-1});
   }
-}
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// SM count of the current device, queried once per device (an attribute
-// query, not a sync, so it is also legal during stream capture).
-int sm_count_of_current_device() {
-  static std::atomic<int> cache[kMaxCachedDevices];  // zero-initialised (static storage)
-  int dev = 0;
-  SPECDEC_CUDA_CHECK(cudaGetDevice(&dev));
-  const bool cacheable = dev >= 0 && dev < kMaxCachedDevices;
-  if (cacheable) {
-    const int cached = cache[dev].load(std::memory_order_relaxed);
-    if (cached > 0) return cached;
-  }
-  int sms = 0;
-  SPECDEC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  sms = std::max(sms, 1);
-  if (cacheable) cache[dev].store(sms, std::memory_order_relaxed);
-  return sms;
 }
 
 struct SplitPlan {
