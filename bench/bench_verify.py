@@ -1,10 +1,13 @@
-"""Microbenchmark of the chain verification ops: every backend side by side.
+"""Microbenchmark of the verification ops: every backend side by side.
 
-Ops: rejection_sample (probs in) and greedy_verify (logits in); backends: a naive PyTorch
-chain (gather, ratio, cumprod, residual, multinomial: what HF-style code does), and every
-backend of ours available here (torch reference, triton, cuda). Acceptance regimes:
-"reject0" (the first draft always fails), "natural" (drafts from a perturbed target, the
-realised acceptance is recorded) and "acceptall" (p == q / drafts equal the argmax).
+Ops: rejection_sample (probs in), rejection_sample_logits, greedy_verify, relaxed_verify,
+bild_verify, max_prob (the BiLD fallback score), tree_greedy_verify and
+tree_rejection_sample (a binary tree of g+1 nodes). Backends: a naive PyTorch chain
+(gather, ratio, cumprod, residual, multinomial: what HF-style code does) for the sampling
+and greedy ops, and every backend of ours available here (torch reference, triton, cuda).
+Acceptance regimes: "reject0" (the first draft always fails), "natural" (drafts from a
+perturbed target, the realised acceptance is recorded) and "acceptall" (p == q / drafts
+equal the argmax).
 
 Reported per call: median microseconds (CUDA-graph replay on a GPU when the call can be
 captured, else eager), percent of the minimal-bytes bound (bytes the contract must read
@@ -13,6 +16,7 @@ p and q, what a kernel that streams every row reads).
 
     python bench/bench_verify.py --out bench/results          # GPU: the full grid
     python bench/bench_verify.py --smoke --out /tmp/bench      # tiny shapes (CI, CPU)
+    python bench/bench_verify.py --ops rejection_sample --batch 1 64 --out /tmp/b   # a slice
     pytest bench/ --benchmark-only                             # the same cases as a pytest-benchmark suite
 """
 
@@ -32,9 +36,15 @@ import torch
 from specdec_kernels import build_info, ops
 
 FULL = {"B": (1, 8, 64, 256), "g": (1, 4, 8), "V": (32000, 128256, 151936)}
-SMOKE = {"B": (1, 3), "g": (1, 4), "V": (50, 257)}
+SMOKE = {"B": (1, 3), "g": (1, 4), "V": (50,)}
 REGIMES = ("reject0", "natural", "acceptall")
-OPS = ("rejection_sample", "greedy_verify")
+OPS = ("rejection_sample", "greedy_verify", "rejection_sample_logits", "relaxed_verify", "bild_verify", "max_prob",
+       "tree_greedy_verify", "tree_rejection_sample")
+LOGIT_OPS = ("greedy_verify", "relaxed_verify", "bild_verify", "tree_greedy_verify")  # drafts judged by argmax
+SAMPLING_OPS = ("rejection_sample", "rejection_sample_logits", "tree_rejection_sample")
+NAIVE_OPS = ("rejection_sample", "rejection_sample_logits", "greedy_verify")
+# ops whose backends must equal the reference bit for bit (the others use exp/log: see their docs)
+BIT_EXACT_OPS = ("rejection_sample", "greedy_verify", "relaxed_verify", "tree_greedy_verify", "tree_rejection_sample")
 
 
 @dataclass
@@ -53,26 +63,67 @@ class Case:
         return f"{self.op}-B{self.batch}-g{self.g}-V{self.vocab}-{self.regime}-{dtype}"
 
 
+def binary_tree(batch: int, n: int, device) -> torch.Tensor:
+    """parents [B, n] of a complete binary tree (node i's parent is (i - 1) // 2)."""
+    parents = (torch.arange(n, device=device) - 1).div(2, rounding_mode="floor")
+    parents[0] = -1
+    return parents.expand(batch, n).contiguous()
+
+
 def make_inputs(case: Case, seed: int = 0) -> dict:
     gen = torch.Generator(device=case.device).manual_seed(seed)
     shape = (case.batch, case.g + 1, case.vocab)
     logits = torch.randn(shape, device=case.device, generator=gen) * 3
-    if case.op == "greedy_verify":
-        top = logits[:, : case.g].argmax(-1)
+    tree = case.op.startswith("tree_")
+    if tree:  # the same g + 1 rows, read as the nodes of a binary tree
+        parents = binary_tree(case.batch, case.g + 1, case.device)
+    if case.op == "max_prob":
+        return {"logits": logits[:, 0].to(case.dtype)}
+    if case.op in LOGIT_OPS:
+        top = logits.argmax(-1)
+        if tree:  # node i's token should match its parent's argmax
+            top = top.gather(1, parents.clamp(min=0))
+        else:
+            top = top[:, : case.g]
         drafts = top if case.regime == "acceptall" else (top + 1) % case.vocab
         if case.regime == "natural":  # accept a random prefix
-            keep = torch.rand(case.batch, case.g, device=case.device, generator=gen) < 0.7
+            keep = torch.rand(drafts.shape, device=case.device, generator=gen) < 0.7
             drafts = torch.where(keep, top, drafts)
-        return {"target_logits": logits.to(case.dtype), "draft_tokens": drafts}
-    p = torch.softmax(logits, -1)
+        inputs = {"target_logits": logits.to(case.dtype)}
+        if tree:
+            return {**inputs, "tree_tokens": drafts, "parents": parents, "max_depth": max_depth(case.g + 1)}
+        inputs["draft_tokens"] = drafts
+        if case.op == "relaxed_verify":
+            inputs.update(top_beta=3, tau=2.0)
+        if case.op == "bild_verify":
+            inputs["rollback_threshold"] = 4.0
+        return inputs
     noise = 0.0 if case.regime == "acceptall" else 1.0
-    q = torch.softmax(logits[:, : case.g] + noise * torch.randn(logits[:, : case.g].shape, device=case.device,
-                                                                  generator=gen), -1)
-    drafts = torch.multinomial(q.reshape(-1, case.vocab), 1, generator=gen).reshape(case.batch, case.g)
-    if case.regime == "reject0":  # p(x_0) = 0: the first draft is always rejected
-        p[:, 0].scatter_(1, drafts[:, :1], 0.0)
+    draft_logits = logits + noise * torch.randn(logits.shape, device=case.device, generator=gen)
+    if tree:  # node i is drafted from q at its parent: row i of draft_probs is q[parent(i)]
+        draft_logits = draft_logits.gather(1, parents.clamp(min=0).unsqueeze(-1).expand(shape))
+    else:
+        draft_logits = draft_logits[:, : case.g]
+    p = torch.softmax(logits, -1)
+    q = torch.softmax(draft_logits, -1)
+    drafts = torch.multinomial(q.reshape(-1, case.vocab), 1, generator=gen).reshape(q.shape[:2])
+    uniforms = torch.rand(case.batch, q.shape[1] + (0 if tree else 1), device=case.device, generator=gen)
+    if case.regime == "reject0":  # p(x) = 0 for the first draft(s) at the root: rejected
+        first = drafts[:, 1:3] if tree else drafts[:, :1]
+        p[:, 0].scatter_(1, first, 0.0)
+        logits[:, 0].scatter_(1, first, float("-inf"))
+    if case.op == "rejection_sample_logits":
+        return {"target_logits": logits.to(case.dtype), "draft_logits": draft_logits.to(case.dtype),
+                "draft_tokens": drafts, "uniforms": uniforms}
+    if tree:
+        return {"target_probs": p.to(case.dtype), "draft_probs": q.to(case.dtype), "tree_tokens": drafts,
+                "parents": parents, "uniforms": uniforms, "max_depth": max_depth(case.g + 1)}
     return {"target_probs": p.to(case.dtype), "draft_probs": q.to(case.dtype), "draft_tokens": drafts,
-            "uniforms": torch.rand(case.batch, case.g + 1, device=case.device, generator=gen)}
+            "uniforms": uniforms}
+
+
+def max_depth(n: int) -> int:
+    return max(n - 1, 0).bit_length()  # depth of node n - 1 in a binary heap
 
 
 def naive_torch_chain(target_probs, draft_probs, draft_tokens, uniforms):
@@ -92,6 +143,12 @@ def naive_torch_chain(target_probs, draft_probs, draft_tokens, uniforms):
     return torch.cat([out, final.unsqueeze(1)], 1), num_accepted
 
 
+def naive_torch_chain_logits(target_logits, draft_logits, draft_tokens, uniforms):
+    """The naive chain on logits: materialise both softmaxes first."""
+    return naive_torch_chain(torch.softmax(target_logits.float(), -1), torch.softmax(draft_logits.float(), -1),
+                             draft_tokens, uniforms)
+
+
 def naive_greedy(target_logits, draft_tokens):
     top = target_logits.argmax(-1)
     g = draft_tokens.shape[1]
@@ -101,13 +158,15 @@ def naive_greedy(target_logits, draft_tokens):
 
 def callable_for(case: Case, backend: str, inputs: dict):
     if backend == "naive":
-        return (lambda: naive_torch_chain(**inputs)) if case.op == "rejection_sample" else (lambda: naive_greedy(**inputs))
+        naive = {"rejection_sample": naive_torch_chain, "rejection_sample_logits": naive_torch_chain_logits,
+                 "greedy_verify": naive_greedy}[case.op]
+        return lambda: naive(**inputs)
     fn = getattr(ops, case.op)
     return lambda: fn(**inputs, backend=backend)
 
 
 def backends_for(op: str, device: torch.device) -> list[str]:
-    names = ["naive"]
+    names = ["naive"] if op in NAIVE_OPS else []
     for backend in ops.implemented_backends(op):
         try:
             ops.resolve(op, backend, device)
@@ -118,17 +177,20 @@ def backends_for(op: str, device: torch.device) -> list[str]:
 
 
 def minimal_bytes(case: Case) -> int:
-    """What the contract must read: the draft tokens' probabilities (or the g argmax rows for
-    greedy, which needs every position) plus the one row the final token is drawn from."""
+    """What the contract must read: for probabilities in, the draft tokens' p and q plus the
+    one row pair (p, q) the final token is drawn from; for logits in, every row (an argmax
+    or a softmax normaliser needs the whole row)."""
     elem = torch.tensor([], dtype=case.dtype).element_size()
-    if case.op == "greedy_verify":
-        return case.batch * (case.g + 1) * case.vocab * elem
-    return case.batch * (2 * case.g * elem + 2 * case.vocab * elem)
+    if case.op in ("rejection_sample", "tree_rejection_sample"):
+        return case.batch * (2 * case.g * elem + 2 * case.vocab * elem)
+    return nominal_bytes(case)
 
 
 def nominal_bytes(case: Case) -> int:
+    """Every row of every input, what a kernel that streams all of them reads."""
     elem = torch.tensor([], dtype=case.dtype).element_size()
-    rows = case.g + 1 if case.op == "greedy_verify" else 2 * case.g + 1
+    rows = {"max_prob": 1, "rejection_sample": 2 * case.g + 1, "rejection_sample_logits": 2 * case.g + 1,
+            "tree_rejection_sample": 2 * (case.g + 1)}.get(case.op, case.g + 1)
     return case.batch * rows * case.vocab * elem
 
 
@@ -187,20 +249,34 @@ def measure(case: Case, backend: str, repeats: int, bandwidth: float | None) -> 
         us = time_eager(fn, case.device, repeats)
     row = {"op": case.op, "B": case.batch, "g": case.g, "V": case.vocab, "regime": case.regime,
            "dtype": str(case.dtype).replace("torch.", ""), "backend": backend, "us": round(us, 2), "timing": mode,
-           "mean_accepted": round(float(out[1].float().mean()), 3)}
+           "mean_accepted": round(float(out[1].float().mean()), 3) if case.op != "max_prob" else None}
     if backend not in ("naive", "torch"):  # ours must equal the reference
         want = callable_for(case, "torch", inputs)()
-        row["exact"] = bool(torch.equal(out[0], want[0]) and torch.equal(out[1], want[1]))
+        row["exact"] = agrees(case.op, out, want)
     if bandwidth:
         row["pct_min_bytes"] = round(100 * minimal_bytes(case) / (us * 1e-6) / (bandwidth / 2), 1)
         row["pct_nominal"] = round(100 * nominal_bytes(case) / (us * 1e-6) / (bandwidth / 2), 1)
     return row
 
 
-def grid(smoke: bool, dtype: torch.dtype, device: torch.device) -> list[Case]:
+def agrees(op: str, out, want) -> bool:
+    """Bit-exact ops must be equal; max_prob within float32 rounding; the exp/log-based
+    ops (bild, the logits path) may differ only in rare rows at a decision boundary."""
+    if op == "max_prob":
+        return bool(torch.allclose(out, want, rtol=1e-5, atol=1e-6))
+    if op in BIT_EXACT_OPS:
+        return all(torch.equal(a, b) for a, b in zip(out, want))
+    same_rows = (out[0] == want[0]).all(dim=1) & (out[1] == want[1])
+    return float(same_rows.float().mean()) >= 0.99
+
+
+def grid(smoke: bool, dtype: torch.dtype, device: torch.device, ops_=OPS, batches=None, vocabs=None) -> list[Case]:
     axes = SMOKE if smoke else FULL
-    return [Case(op, b, g, v, regime, dtype, device)
-            for op, b, g, v, regime in itertools.product(OPS, axes["B"], axes["g"], axes["V"], REGIMES)]
+    cases = []
+    for op, b, g, v in itertools.product(ops_, batches or axes["B"], axes["g"], vocabs or axes["V"]):
+        regimes = ("natural",) if op == "max_prob" else REGIMES  # max_prob has no drafts
+        cases += [Case(op, b, g, v, regime, dtype, device) for regime in regimes]
+    return cases
 
 
 def write_results(rows: list[dict], out: Path, command: str, bandwidth: float | None) -> None:
@@ -212,7 +288,7 @@ def write_results(rows: list[dict], out: Path, command: str, bandwidth: float | 
     (out / "verify.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     cols = ["op", "B", "g", "V", "regime", "dtype", "backend", "us", "timing", "pct_min_bytes", "pct_nominal",
             "mean_accepted", "exact"]
-    lines = [f"# Chain verification ({meta['device']}, {meta['date']})", "", f"`{command}`", "",
+    lines = [f"# Verification ops ({meta['device']}, {meta['date']})", "", f"`{command}`", "",
              f"torch {meta['torch']}, triton {meta['triton']}, copy bandwidth {meta['copy_bandwidth_GBps']} GB/s", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
@@ -225,13 +301,16 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and few repeats (CPU-friendly)")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+    parser.add_argument("--batch", nargs="+", type=int, default=None, help="override the B axis")
+    parser.add_argument("--vocab", nargs="+", type=int, default=None, help="override the V axis")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     smoke = args.smoke or device.type == "cpu"
     repeats = args.repeats or (3 if smoke else 200)
     bandwidth = copy_bandwidth(device)
     rows = []
-    for case in grid(smoke, getattr(torch, args.dtype), device):
+    for case in grid(smoke, getattr(torch, args.dtype), device, args.ops, args.batch, args.vocab):
         for backend in backends_for(case.op, device):
             rows.append(measure(case, backend, repeats, bandwidth))
             print(json.dumps(rows[-1]), flush=True)

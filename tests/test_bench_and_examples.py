@@ -13,17 +13,21 @@ def test_verify_bench_smoke(tmp_path):
                    check=True, capture_output=True, text=True)
     result = json.loads((tmp_path / "verify.json").read_text())
     rows = result["rows"]
-    assert {row["op"] for row in rows} == {"rejection_sample", "greedy_verify"}
+    assert {row["op"] for row in rows} == {"rejection_sample", "greedy_verify", "rejection_sample_logits",
+                                           "relaxed_verify", "bild_verify", "max_prob", "tree_greedy_verify",
+                                           "tree_rejection_sample"}
     assert {row["backend"] for row in rows} >= {"naive", "torch"}
     assert all(row.get("exact", True) for row in rows)  # every non-reference backend matched the reference
     by_regime = {(row["op"], row["regime"]): row["mean_accepted"] for row in rows if row["backend"] == "torch"}
     assert by_regime[("rejection_sample", "reject0")] == 0
+    assert by_regime[("tree_rejection_sample", "reject0")] == 0
+    assert by_regime[("greedy_verify", "acceptall")] >= 1
     assert "| op | B | g |" in (tmp_path / "verify.md").read_text()
 
 
 def test_pytest_benchmark_suite_collects_and_runs_one_case():
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "bench"),
-                           "--benchmark-disable", "-k", "rejection_sample-B1-g1-V50-natural and torch"],
+                           "--benchmark-disable", "-k", "rejection_sample-B1-g1-V50-natural and torch and not tree and not logits"],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout

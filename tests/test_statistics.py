@@ -60,22 +60,35 @@ def chain_cases():
     return cases
 
 
-def run_chain(p0: torch.Tensor, q0: torch.Tensor, p1: torch.Tensor, seed: int):
+RANDOMNESS = ("uniforms", "int_seed", "row_seeds")
+
+
+def randomness_kwargs(mode: str, rows: int, width: int, gen: torch.Generator, device="cpu") -> dict:
+    """Caller uniforms [rows, width], one int seed (rows keyed by batch index), or one
+    seed per row (row key 0) with per-row offsets: the three ways to feed the ops."""
+    if mode == "uniforms":
+        return {"uniforms": torch.rand(rows, width, generator=gen, dtype=torch.float64).to(device)}
+    if mode == "int_seed":
+        return {"seed": int(torch.randint(0, 2**62, (1,), generator=gen))}
+    seeds = torch.randint(-(2**62), 2**62, (rows,), generator=gen)
+    offsets = torch.randint(0, 2**20, (rows,), generator=gen)
+    return {"seed": seeds.to(device), "offsets": offsets.to(device)}
+
+
+def run_chain(p0: torch.Tensor, q0: torch.Tensor, p1: torch.Tensor, seed: int, *, mode: str = "uniforms",
+              backend: str = "torch", device="cpu", draws: int = DRAWS):
     """Two drafts per row: position 0 uses (p0, q0), position 1 (p1, q0); bonus from p1."""
     vocab = p0.numel()
     gen = torch.Generator().manual_seed(seed)
-    target = torch.stack([p0, p1, p1]).expand(DRAWS, 3, vocab)
-    draft = torch.stack([q0, q0]).expand(DRAWS, 2, vocab)
-    drafts = torch.multinomial(q0, DRAWS * 2, replacement=True, generator=gen).reshape(DRAWS, 2)
-    uniforms = torch.rand(DRAWS, 3, generator=gen, dtype=torch.float64)
-    return ops.rejection_sample(target, draft, drafts, uniforms=uniforms, backend="torch")
+    target = torch.stack([p0, p1, p1]).expand(draws, 3, vocab).to(device)
+    draft = torch.stack([q0, q0]).expand(draws, 2, vocab).to(device)
+    drafts = torch.multinomial(q0, draws * 2, replacement=True, generator=gen).reshape(draws, 2).to(device)
+    randomness = randomness_kwargs(mode, draws, 3, gen, device)
+    out, accepted = ops.rejection_sample(target, draft, drafts, backend=backend, **randomness)
+    return out.cpu(), accepted.cpu()
 
 
-@pytest.mark.parametrize("name", list(chain_cases()))
-def test_rejection_sample_reproduces_target(name):
-    p, q = chain_cases()[name]
-    p1 = torch.roll(p, 1)
-    out, accepted = run_chain(p, q, p1, seed=1)
+def check_chain_statistics(p, q, p1, out, accepted, draws=DRAWS):
     assert chi_square_pvalue(out[:, 0], p) > P_MIN
     second = out[accepted >= 1, 1]  # the second emitted token follows p1 whatever came first
     if second.numel() > 1000:
@@ -83,7 +96,27 @@ def test_rejection_sample_reproduces_target(name):
     # acceptance of the first draft happens with probability sum(min(p, q)) (Leviathan Thm 3.5)
     alpha = float(torch.minimum(p, q).sum())
     rate = float((accepted >= 1).double().mean())
-    assert abs(rate - alpha) < 5 * (alpha * (1 - alpha) / DRAWS) ** 0.5 + 1e-9
+    assert abs(rate - alpha) < 5 * (alpha * (1 - alpha) / draws) ** 0.5 + 1e-9
+
+
+@pytest.mark.parametrize("name", list(chain_cases()))
+def test_rejection_sample_reproduces_target(name):
+    p, q = chain_cases()[name]
+    p1 = torch.roll(p, 1)
+    out, accepted = run_chain(p, q, p1, seed=1)
+    check_chain_statistics(p, q, p1, out, accepted)
+
+
+@pytest.mark.parametrize("mode", ["int_seed", "row_seeds"])
+@pytest.mark.parametrize("name", ["random-V17", "q-zero-where-p-positive", "disjoint-supports"])
+def test_seeded_rejection_sample_reproduces_target(name, mode):
+    """The counter-based (Philox) draws of the seeded mode, which every backend reproduces
+    bit for bit, give the target distribution too: coins and final draws are independent
+    across rows, positions and purposes."""
+    p, q = chain_cases()[name]
+    p1 = torch.roll(p, 1)
+    out, accepted = run_chain(p, q, p1, seed=2, mode=mode)
+    check_chain_statistics(p, q, p1, out, accepted)
 
 
 def test_chi_square_catches_a_wrong_residual(monkeypatch):
@@ -124,16 +157,19 @@ def build_tree_batch(p0, q0, p1, q1, gen, one_hot_first_level=False):
     return target, draft, tokens, parents
 
 
-@pytest.mark.parametrize("one_hot", [False, True])
-@pytest.mark.parametrize("vocab", [8, 12])
-def test_tree_rejection_sample_reproduces_target(vocab, one_hot):
+def run_tree(vocab: int, one_hot: bool, *, mode: str = "uniforms", backend: str = "torch", device="cpu"):
     gen = torch.Generator().manual_seed(vocab)
     p0, q0 = dist(vocab, gen, zeros=0.2), dist(vocab, gen)
     p1 = torch.stack([dist(vocab, gen, zeros=0.2) for _ in range(vocab)])
     q1 = torch.stack([dist(vocab, gen) for _ in range(vocab)])
     target, draft, tokens, parents = build_tree_batch(p0, q0, p1, q1, gen, one_hot_first_level=one_hot)
-    uniforms = torch.rand(DRAWS, 10, generator=gen, dtype=torch.float64)
-    out, accepted, nodes = ops.tree_rejection_sample(target, draft, tokens, parents, uniforms=uniforms, backend="torch")
+    randomness = randomness_kwargs(mode, DRAWS, 10, gen, device)
+    out, accepted, nodes = ops.tree_rejection_sample(target.to(device), draft.to(device), tokens.to(device),
+                                                     parents.to(device), backend=backend, **randomness)
+    return p0, p1, out.cpu(), accepted.cpu(), nodes.cpu()
+
+
+def check_tree_statistics(vocab, p0, p1, out, accepted, nodes):
     assert chi_square_pvalue(out[:, 0], p0) > P_MIN
     # given the first token t, the second follows p1[t]: pooled conditional chi-square
     two = accepted >= 1
@@ -155,6 +191,17 @@ def test_tree_rejection_sample_reproduces_target(vocab, one_hot):
     assert bool(((nodes[two, 1] >= 1) & (nodes[two, 1] <= 3)).all())
 
 
+@pytest.mark.parametrize("one_hot", [False, True])
+@pytest.mark.parametrize("vocab", [8, 12])
+def test_tree_rejection_sample_reproduces_target(vocab, one_hot):
+    check_tree_statistics(vocab, *run_tree(vocab, one_hot))
+
+
+@pytest.mark.parametrize("mode", ["int_seed", "row_seeds"])
+def test_seeded_tree_rejection_sample_reproduces_target(mode):
+    check_tree_statistics(8, *run_tree(8, one_hot=False, mode=mode))
+
+
 def test_tree_chi_square_catches_a_wrong_residual(monkeypatch):
     """Mutation check for the tree: drawing the final token from p instead of the residual."""
     from specdec_kernels.reference import tree_verify
@@ -169,3 +216,14 @@ def test_tree_chi_square_catches_a_wrong_residual(monkeypatch):
     uniforms = torch.rand(DRAWS, 10, generator=gen, dtype=torch.float64)
     out, _, _ = ops.tree_rejection_sample(target, draft, tokens, parents, uniforms=uniforms, backend="torch")
     assert chi_square_pvalue(out[:, 0], p0) < 1e-12
+
+
+def test_seeded_chi_square_catches_reused_randomness(monkeypatch):
+    """Mutation check of the counter layout: if the final draw reused the coin's counter
+    (same salt), a rejected row's final uniform would be biased high; the test must see it."""
+    from specdec_kernels.reference import rng
+
+    monkeypatch.setattr(rng, "SALT_FINAL", rng.SALT_ACCEPT)
+    p, q = chain_cases()["random-V17"]
+    out, _ = run_chain(p, q, torch.roll(p, 1), seed=2, mode="int_seed")
+    assert chi_square_pvalue(out[:, 0], p) < 1e-12
