@@ -39,7 +39,8 @@ def zeroed_workspace(device: torch.device, nbytes: int) -> torch.Tensor:
     that a CUDA graph may have captured is never freed: a grown-out buffer is retired,
     not released. During stream capture with no cached buffer yet, a fresh zeroed one
     is returned (its memset is captured too); warm up once before capturing to get a
-    single-launch graph.
+    single-launch graph. Graphs captured on one stream share that stream's buffer, so
+    replay them one at a time (on one stream), as serving loops do.
     """
     stream = torch.cuda.current_stream(device)
     key = (device.index if device.index is not None else torch.cuda.current_device(), stream.cuda_stream)
