@@ -10,6 +10,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "ordered_key.cuh"
+
 // Throws instead of aborting so that pybind11 surfaces a Python RuntimeError.
 #define SPECDEC_CUDA_CHECK(expr)                                              \
   do {                                                                        \
@@ -69,35 +71,14 @@ __device__ __forceinline__ void load_vec16(const __nv_bfloat16* p, float (&out)[
   }
 }
 
-// ---------------------------------------------------------------------------
-// Order-preserving float -> uint32 map, so an argmax can be packed into one
-// integer and combined with atomicMax. Pure integer logic, so --use_fast_math
-// cannot change it.
-//  * NaN ranks like -inf (contract: NaN is treated as -inf).
-//  * -0.0 maps like +0.0: they compare equal in torch, so they must tie and
-//    let the lower index win.
-//  * Every real value maps to >= 0x007FFFFF (-inf), so 0 means "no element".
-// ---------------------------------------------------------------------------
-__host__ __device__ __forceinline__ uint32_t order_preserving_bits_from_raw(uint32_t u) {
-  const uint32_t mag = u & 0x7FFFFFFFu;
-  if (mag > 0x7F800000u) u = 0xFF800000u;  // any NaN -> -inf
-  if (mag == 0u) return 0x80000000u;       // +-0 -> +0
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
+// Packed argmax keys: csrc/ordered_key.cuh (host-compilable, shared with the
+// CPU emulation in bind_logit_verify.cpp).
 __device__ __forceinline__ uint32_t order_preserving_bits(float f) {
   return order_preserving_bits_from_raw(__float_as_uint(f));
 }
 
-// key = (value bits << 32) | (0xFFFFFFFF - index): the max key is the max
-// value, and among equal values the lowest index. Key 0 = empty slot.
-__host__ __device__ __forceinline__ unsigned long long make_argmax_key(uint32_t ord, uint32_t idx) {
-  return (static_cast<unsigned long long>(ord) << 32) |
-         static_cast<unsigned long long>(0xFFFFFFFFu - idx);
-}
-
-__host__ __device__ __forceinline__ uint32_t argmax_key_index(unsigned long long key) {
-  return 0xFFFFFFFFu - static_cast<uint32_t>(key);
+__device__ __forceinline__ float float_from_order_preserving(uint32_t ord) {
+  return __uint_as_float(raw_bits_from_order_preserving(ord));
 }
 
 // ---------------------------------------------------------------------------

@@ -10,8 +10,7 @@
 // with a per-row atomic counter) reads that row's keys, walks the drafts and
 // writes the outputs: no second kernel and no host sync.
 
-#include <algorithm>
-
+#include "chain_common.cuh"
 #include "common.cuh"
 #include "launch_utils.h"
 #include "ops.h"
@@ -20,38 +19,12 @@ namespace specdec {
 namespace {
 
 constexpr int kThreads = 256;
-// Chunk starts are multiples of 8 elements (16 B of fp16/bf16, 32 B of fp32),
-// so a 16-byte-aligned row keeps every chunk 16-byte aligned.
-constexpr int64_t kChunkAlign = 8;
-// Below ~4k elements per block the atomics/tail cost more than the extra
-// parallelism buys.
-constexpr int64_t kMinChunk = 4096;
-// Enough resident blocks to hide memory latency at small B.
-constexpr int64_t kBlocksPerSM = 4;
 
-__device__ __forceinline__ int drafts_in_row(const int64_t* num_draft_tokens, int b, int G) {
-  if (num_draft_tokens == nullptr) return G;
-  const int64_t n = num_draft_tokens[b];
-  return n < 0 ? 0 : (n > G ? G : static_cast<int>(n));
-}
-
-// Each thread visits its indices in increasing order, so a strict '>' keeps
-// the lowest index among equal values.
-__device__ __forceinline__ void consider(float v, int64_t idx, uint32_t& best_ord,
-                                         uint32_t& best_idx) {
-  const uint32_t ord = order_preserving_bits(v);
-  if (ord > best_ord) {
-    best_ord = ord;
-    best_idx = static_cast<uint32_t>(idx);
-  }
-}
-
-// Keys always come from a real element, so the index is < V; the clamp only
-// guarantees a valid token id even if that invariant were ever broken.
-__device__ __forceinline__ int64_t key_to_token(unsigned long long key, int V) {
-  const uint32_t idx = argmax_key_index(key);
-  return idx < static_cast<uint32_t>(V) ? static_cast<int64_t>(idx) : 0;
-}
+using chain::consider;
+using chain::drafts_in_row;
+using chain::key_to_token;
+using chain::plan_splits;
+using chain::SplitPlan;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -146,22 +119,6 @@ greedy_verify_kernel(const T* __restrict__ logits, int64_t stride_b, int64_t str
     row_out[j] = j < a ? draft_tokens[static_cast<int64_t>(b) * G + j]
                        : (j == a ? s_next_token : int64_t{-1});
   }
-}
-
-struct SplitPlan {
-  int splits;
-  int chunk;
-};
-
-// Aim for ~kBlocksPerSM blocks per SM over all rows, but never below
-// kMinChunk elements per block. Recomputing splits from the rounded chunk
-// guarantees that every block owns at least one element.
-SplitPlan plan_splits(int64_t rows, int64_t V, int sms) {
-  int64_t splits = ceil_div(kBlocksPerSM * sms, rows);
-  splits = std::max<int64_t>(1, std::min(splits, V / kMinChunk));
-  int64_t chunk = ceil_div(ceil_div(V, splits), kChunkAlign) * kChunkAlign;
-  splits = ceil_div(V, chunk);
-  return {static_cast<int>(splits), static_cast<int>(chunk)};
 }
 
 template <typename T>

@@ -1,0 +1,71 @@
+#pragma once
+// Pieces shared by the split-V chain verification kernels (greedy_verify.cu,
+// logit_verify.cu): the split plan, ragged draft counts and the packed argmax.
+//
+// Grid layout of those kernels: (splits, G+1, B). Block (s, pos, b) reduces the
+// V-chunk [s*chunk, min(V, (s+1)*chunk)) of logits[b, pos]; the last block of
+// batch row b (per-row atomic counter) applies the accept rule.
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common.cuh"
+#include "launch_utils.h"
+
+namespace specdec {
+namespace chain {
+
+// Chunk starts are multiples of 8 elements (16 B of fp16/bf16, 32 B of fp32),
+// so a 16-byte-aligned row keeps every chunk 16-byte aligned.
+constexpr int64_t kChunkAlign = 8;
+// Below ~4k elements per block the atomics/tail cost more than the extra
+// parallelism buys.
+constexpr int64_t kMinChunk = 4096;
+// Enough resident blocks to hide memory latency at small B.
+constexpr int64_t kBlocksPerSM = 4;
+
+struct SplitPlan {
+  int splits;
+  int chunk;
+};
+
+// Aim for ~kBlocksPerSM blocks per SM over all rows, but never below
+// kMinChunk elements per block. Recomputing splits from the rounded chunk
+// guarantees that every block owns at least one element.
+// Requires rows >= 1 and 1 <= V < 2^31.
+inline SplitPlan plan_splits(int64_t rows, int64_t V, int sms) {
+  int64_t splits = ceil_div(kBlocksPerSM * sms, rows);
+  splits = std::max<int64_t>(1, std::min(splits, V / kMinChunk));
+  int64_t chunk = ceil_div(ceil_div(V, splits), kChunkAlign) * kChunkAlign;
+  splits = ceil_div(V, chunk);
+  return {static_cast<int>(splits), static_cast<int>(chunk)};
+}
+
+// Drafts that exist in batch row b: num_draft_tokens[b] clamped to [0, G]
+// (all G when num_draft_tokens is null).
+__device__ __forceinline__ int drafts_in_row(const int64_t* num_draft_tokens, int b, int G) {
+  if (num_draft_tokens == nullptr) return G;
+  const int64_t n = num_draft_tokens[b];
+  return n < 0 ? 0 : (n > G ? G : static_cast<int>(n));
+}
+
+// Each thread visits its indices in increasing order, so a strict '>' keeps
+// the lowest index among equal values.
+__device__ __forceinline__ void consider(float v, int64_t idx, uint32_t& best_ord,
+                                         uint32_t& best_idx) {
+  const uint32_t ord = order_preserving_bits(v);
+  if (ord > best_ord) {
+    best_ord = ord;
+    best_idx = static_cast<uint32_t>(idx);
+  }
+}
+
+// Keys always come from a real element, so the index is < V; the clamp only
+// guarantees a valid token id even if that invariant were ever broken.
+__device__ __forceinline__ int64_t key_to_token(unsigned long long key, int V) {
+  const uint32_t idx = argmax_key_index(key);
+  return idx < static_cast<uint32_t>(V) ? static_cast<int64_t>(idx) : 0;
+}
+
+}  // namespace chain
+}  // namespace specdec
