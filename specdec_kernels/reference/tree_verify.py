@@ -116,10 +116,10 @@ def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, ma
                 u = uniforms[rows, safe_child].to(torch.float64)
             p_x, in_range = gather_token_values(p, x)
             q_x, _ = gather_token_values(q, x)
-            r_x, _ = gather_token_values(weights.double(), x)
+            r_x = weights.gather(1, x.clamp(0, weights.shape[1] - 1).unsqueeze(1)).squeeze(1)  # exact: <= 2^40
             total = weights.sum(dim=1).double()
             first_rule = u * q_x.double() < p_x.double()
-            later_rule = (u * q_x.double()) * total < r_x.double()
+            later_rule = (u * q_x.double()) * total < r_x.to(torch.float64)
             accept = trying & in_range & torch.where(rejected_any, later_rule, first_rule)
             accepted_child = torch.where(accept, child, accepted_child)
             rejected = trying & ~accept

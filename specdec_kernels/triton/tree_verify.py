@@ -1,0 +1,391 @@
+"""Triton backends of `tree_greedy_verify` and `tree_rejection_sample` (token trees).
+
+One launch, grid (B,): one program per tree row, no host sync and no data-dependent
+allocation. A row is a serial walk from the root, one level per step, and the levels
+depend on each other (the next node is the child accepted at this one), so the program
+keeps the walk in registers: the row's `parents` and `tree_tokens` as BLOCK_N =
+next_power_of_2(N) lanes, the current node, and the accepted path (nodes and tokens, at
+most N entries). Node i's children are the lanes j > i with parents[j] == i; the next one
+to try is the smallest such lane above the last one tried, so siblings go in index order
+without building a children table. The outputs are stored once at the end (the path,
+then -1 up to max_depth + 1).
+
+tree_greedy_verify: per visited node one pass over the node's logits row (fp32 after
+loading, NaN -> -inf, ties -> lowest id, all -inf -> 0), then a lane compare finds the
+first child whose token is the argmax. Nothing else is read.
+
+tree_rejection_sample: at node `cur` (p = target_probs[b, cur]) the children are tried in
+index order with the reference's fixed-point rules (reference/tree_verify.py):
+- the first child reads two scalars, p(x) and q_c(x), and accepts iff u * q(x) < p(x) in
+  float64 (ids outside [0, V) read nothing and are rejected);
+- a rejection streams the child's q row once: the first one writes R = to_weights(p - q)
+  to a scratch row (int64 [B, V], its size depends on the shapes only), a later one
+  updates R <- max(0, R - floor(S * q_clean)) in place; both sum the new total S;
+- a later child reads q(x) and R(x) and accepts iff (u * q(x)) * S < R(x), all in float64
+  (R(x) <= 2^40 is exact there).
+So only the tried children's token values are read, plus one full-V pass per rejected
+child. When no child is accepted (all rejected, a leaf, or depth max_depth: the bonus)
+the row draws its final token: from R when S > 0, else from p's weights (one pass to sum
+them), else id 0; the draw is the usual count of cdf entries <= floor(u * total) over
+BLOCK_V tiles. The scratch row is written and read by the same program only, with a
+barrier before and after each update pass (scalar reads of R(x) come from any thread).
+
+Coins: caller uniforms [B, N] (column c = node c's coin, column 0 the final draw), or
+Philox(seed, offsets[b] + level, row key, SALT_ACCEPT, sibling rank) for a coin and
+Philox(seed, offsets[b] + level, row key, SALT_FINAL, 0) for the final draw, level being
+the depth of the node the walk is at. Everything is integer or exactly rounded and uses
+the reference's float64 expressions, so both ops equal the reference bit for bit on
+every dtype.
+
+One program per row leaves most SMs idle for small B and large V; splitting the residual
+passes over programs is a later step.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ops._backend import register
+from ._fixed_point import count_at_or_below, draw_threshold, to_weights
+from ._launch import device_scope
+from ._philox import SALT_ACCEPT, SALT_FINAL, philox_uniform
+
+BLOCK_V = 1024  # vocabulary elements per tile (power of two)
+
+# randomness modes (constexpr), as in rejection_sample.py
+UNIFORMS: tl.constexpr = tl.constexpr(0)  # caller-supplied uniforms [B, N]
+INT_SEED: tl.constexpr = tl.constexpr(1)  # one int seed, rows keyed by batch index
+ROW_SEEDS: tl.constexpr = tl.constexpr(2)  # int64 [B] per-request seeds, row key 0
+
+
+# ------------------------------------------------------------------ shared device helpers
+
+@triton.jit
+def _next_child(par, lanes, cur, after, n):
+    """The smallest lane j > after with parents[j] == cur (j > cur, j > 0), or n if none."""
+    is_child = (par == cur) & (lanes > cur) & (lanes > after) & (lanes > 0) & (lanes < n)
+    return tl.min(tl.where(is_child, lanes, n), axis=0)
+
+
+@triton.jit
+def _store_path(out_ptr, nodes_ptr, out_vec, nodes_vec, lanes, b, stride_ob, stride_nb, width,
+                BLOCK_N: tl.constexpr):
+    """Store the path vectors to positions < width (= max_depth + 1), then -1 beyond BLOCK_N."""
+    tl.store(out_ptr + b * stride_ob + lanes, out_vec, mask=lanes < width)
+    tl.store(nodes_ptr + b * stride_nb + lanes, nodes_vec, mask=lanes < width)
+    pad = tl.full((BLOCK_N,), -1, tl.int64)
+    for start in range(BLOCK_N, width, BLOCK_N):
+        offs = start + lanes
+        tl.store(out_ptr + b * stride_ob + offs, pad, mask=offs < width)
+        tl.store(nodes_ptr + b * stride_nb + offs, pad, mask=offs < width)
+
+
+@triton.jit
+def _row_argmax(row_ptr, vocab, BLOCK_V: tl.constexpr):
+    """safe_argmax of one row: fp32, NaN -> -inf, ties -> lowest id, all -inf -> 0."""
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    best_val = tl.full((), float("-inf"), tl.float32)
+    best_idx = tl.full((), 0, tl.int64) + vocab  # larger than any id
+    for start in range(0, vocab, BLOCK_V):
+        offs = start + lanes
+        m = offs < vocab
+        x = tl.load(row_ptr + offs, mask=m, other=float("-inf")).to(tl.float32)
+        x = tl.where(x != x, float("-inf"), x)
+        tile_max = tl.max(x, axis=0)
+        tile_idx = tl.min(tl.where((x == tile_max) & m, offs, vocab), axis=0)
+        # tiles come in increasing id order: a later tile wins only with a strictly larger max
+        better = (tile_max > best_val) | ((tile_max == best_val) & (tile_idx < best_idx))
+        best_idx = tl.where(better, tile_idx, best_idx)
+        best_val = tl.where(better, tile_max, best_val)
+    return tl.where(best_idx < vocab, best_idx, 0)
+
+
+# ------------------------------------------------------------------ tree_greedy_verify
+
+@triton.jit
+def _tree_greedy_kernel(logits_ptr, tok_ptr, par_ptr, out_ptr, num_acc_ptr, nodes_ptr, n, vocab, max_depth,
+                        stride_lb, stride_ln, stride_tb, stride_tn, stride_pb, stride_pn, stride_ob, stride_nb,
+                        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, BLOCK_N).to(tl.int64)
+    in_tree = lanes < n
+    par = tl.load(par_ptr + b * stride_pb + lanes * stride_pn, mask=in_tree, other=-2).to(tl.int64)
+    tok = tl.load(tok_ptr + b * stride_tb + lanes * stride_tn, mask=in_tree, other=-1).to(tl.int64)
+
+    out_vec = tl.full((BLOCK_N,), -1, tl.int64)
+    nodes_vec = tl.where(lanes == 0, 0, out_vec)
+    cur = tl.full((), 0, tl.int64)
+    level = tl.full((), 0, tl.int64)
+    alive = tl.full((), 1, tl.int1)
+    while alive:
+        want = _row_argmax(logits_ptr + b * stride_lb + cur * stride_ln, vocab, BLOCK_V)
+        # no child at depth max_depth; a vector limit rather than `block & scalar flag`
+        # (some Triton interpreter versions reject the latter)
+        limit = tl.where(level < max_depth, n, 0)
+        match = (par == cur) & (lanes > cur) & (lanes > 0) & (lanes < limit) & (tok == want)
+        child = tl.min(tl.where(match, lanes, n), axis=0)  # the first matching child in index order
+        moving = child < n
+        # moving: the child's token (== want) at slot `level`; stopping: the argmax there
+        out_vec = tl.where(lanes == level, want, out_vec)
+        nodes_vec = tl.where(moving & (lanes == level + 1), child, nodes_vec)
+        cur = tl.where(moving, child, cur)
+        level = tl.where(moving, level + 1, level)
+        alive = moving
+    tl.store(num_acc_ptr + b, level)
+    _store_path(out_ptr, nodes_ptr, out_vec, nodes_vec, lanes, b, stride_ob, stride_nb, max_depth + 1, BLOCK_N)
+
+
+# ------------------------------------------------------------------ tree_rejection_sample
+
+@triton.jit
+def _residual_first(scratch_row, p_row, q_row, vocab, BLOCK_V: tl.constexpr):
+    """R = to_weights(p - q) into the scratch row; returns S = sum R."""
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    total = tl.full((), 0, tl.int64)
+    for start in range(0, vocab, BLOCK_V):
+        offs = start + lanes
+        m = offs < vocab
+        p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float32)
+        q = tl.load(q_row + offs, mask=m, other=0.0).to(tl.float32)
+        w = to_weights(p - q)
+        tl.store(scratch_row + offs, w, mask=m)
+        total += tl.sum(tl.where(m, w, 0), axis=0)
+    return total
+
+
+@triton.jit
+def _residual_update(scratch_row, q_row, total, vocab, BLOCK_V: tl.constexpr):
+    """R <- max(0, R - floor(float64(S) * q_clean)) in place (q: NaN/+inf -> 1, -inf -> 0,
+    clamped to [0, 1]); returns the new S."""
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    total_f = total.to(tl.float64)
+    new_total = tl.full((), 0, tl.int64)
+    for start in range(0, vocab, BLOCK_V):
+        offs = start + lanes
+        m = offs < vocab
+        r = tl.load(scratch_row + offs, mask=m, other=0)
+        q = tl.load(q_row + offs, mask=m, other=0.0).to(tl.float32)
+        q = tl.where(q != q, 1.0, q)
+        q = tl.minimum(tl.maximum(q, 0.0), 1.0).to(tl.float64)
+        cut = (total_f * q).to(tl.int64)  # >= 0, so the truncating cast is the floor
+        w = tl.maximum(r - cut, 0)
+        tl.store(scratch_row + offs, w, mask=m)
+        new_total += tl.sum(tl.where(m, w, 0), axis=0)
+    return new_total
+
+
+@triton.jit
+def _p_total(p_row, vocab, BLOCK_V: tl.constexpr):
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    total = tl.full((), 0, tl.int64)
+    for start in range(0, vocab, BLOCK_V):
+        offs = start + lanes
+        p = tl.load(p_row + offs, mask=offs < vocab, other=0.0).to(tl.float32)
+        total += tl.sum(to_weights(p), axis=0)  # masked lanes weigh 0
+    return total
+
+
+@triton.jit
+def _draw_residual(scratch_row, threshold, vocab, BLOCK_V: tl.constexpr):
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    count = tl.full((), 0, tl.int64)
+    carry = tl.full((), 0, tl.int64)
+    for start in range(0, vocab, BLOCK_V):
+        offs = start + lanes
+        m = offs < vocab
+        w = tl.load(scratch_row + offs, mask=m, other=0)
+        count += count_at_or_below(w, carry, threshold, m)
+        carry += tl.sum(w, axis=0)
+    return count
+
+
+@triton.jit
+def _draw_p(p_row, threshold, vocab, BLOCK_V: tl.constexpr):
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    count = tl.full((), 0, tl.int64)
+    carry = tl.full((), 0, tl.int64)
+    for start in range(0, vocab, BLOCK_V):
+        offs = start + lanes
+        m = offs < vocab
+        w = to_weights(tl.load(p_row + offs, mask=m, other=0.0).to(tl.float32))
+        count += count_at_or_below(w, carry, threshold, m)
+        carry += tl.sum(w, axis=0)
+    return count
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _tree_rejection_kernel(
+        target_ptr, draft_ptr, tok_ptr, par_ptr, uniforms_ptr, seeds_ptr, offsets_ptr, scratch_ptr,
+        out_ptr, num_acc_ptr, nodes_ptr, seed, n, vocab, max_depth,
+        stride_tb, stride_tn, stride_qb, stride_qn, stride_kb, stride_kn, stride_pb, stride_pn,
+        stride_ub, stride_un, stride_s, stride_o, stride_ob, stride_nb,
+        RANDOM: tl.constexpr, HAS_OFFSETS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, BLOCK_N).to(tl.int64)
+    in_tree = lanes < n
+    par = tl.load(par_ptr + b * stride_pb + lanes * stride_pn, mask=in_tree, other=-2).to(tl.int64)
+    tok = tl.load(tok_ptr + b * stride_kb + lanes * stride_kn, mask=in_tree, other=-1).to(tl.int64)
+    scratch_row = scratch_ptr + b * vocab
+
+    if RANDOM == INT_SEED:
+        seed_b = tl.full((), 0, tl.int64) + seed.to(tl.int64)
+        row_key = b  # an int seed keys rows by batch index
+    elif RANDOM == ROW_SEEDS:
+        seed_b = tl.load(seeds_ptr + b * stride_s).to(tl.int64)
+        row_key = tl.full((), 0, tl.int64)  # per-request seeds: row key 0
+    else:
+        seed_b = tl.full((), 0, tl.int64)  # unused
+        row_key = tl.full((), 0, tl.int64)
+    if HAS_OFFSETS:
+        offset = tl.load(offsets_ptr + b * stride_o).to(tl.int64)
+    else:
+        offset = tl.full((), 0, tl.int64)
+
+    out_vec = tl.full((BLOCK_N,), -1, tl.int64)
+    nodes_vec = tl.where(lanes == 0, 0, out_vec)
+    cur = tl.full((), 0, tl.int64)
+    level = tl.full((), 0, tl.int64)
+    final = tl.full((), 0, tl.int64)
+    alive = tl.full((), 1, tl.int1)
+    while alive:
+        p_row = target_ptr + b * stride_tb + cur * stride_tn
+        rejected_any = tl.full((), 0, tl.int1)
+        total = tl.full((), 0, tl.int64)  # S, meaningful once rejected_any
+        rank = tl.full((), 0, tl.int64)  # sibling rank of the child being tried
+        accepted = tl.full((), -1, tl.int64)
+        # no child is tried at depth max_depth (the bonus)
+        child = tl.where(level < max_depth, _next_child(par, lanes, cur, cur, n), n)
+        while child < n:
+            x = tl.sum(tl.where(lanes == child, tok, 0), axis=0)
+            in_range = (x >= 0) & (x < vocab)
+            safe_x = tl.where(in_range, x, 0)  # never address outside the row
+            q_row = draft_ptr + b * stride_qb + child * stride_qn
+            p_x = tl.load(p_row + safe_x, mask=in_range, other=0.0).to(tl.float32).to(tl.float64)
+            q_x = tl.load(q_row + safe_x, mask=in_range, other=0.0).to(tl.float32).to(tl.float64)
+            if RANDOM == UNIFORMS:
+                u = tl.load(uniforms_ptr + b * stride_ub + child * stride_un).to(tl.float64)
+            else:
+                u = philox_uniform(seed_b, offset + level, row_key, SALT_ACCEPT, rank)
+            # R(x) <= 2^40 is exact in float64
+            r_x = tl.load(scratch_row + safe_x, mask=in_range & rejected_any, other=0).to(tl.float64)
+            first_rule = u * q_x < p_x
+            later_rule = (u * q_x) * total.to(tl.float64) < r_x
+            accept = in_range & tl.where(rejected_any, later_rule, first_rule)
+            if accept:
+                accepted = child
+                child = tl.full((), 0, tl.int64) + n  # stop trying siblings
+            else:
+                # every thread has read R(x) (and earlier levels' R) before any rewrites it,
+                # and the new R is complete before any thread reads it back
+                tl.debug_barrier()
+                if rejected_any:
+                    total = _residual_update(scratch_row, q_row, total, vocab, BLOCK_V)
+                else:
+                    total = _residual_first(scratch_row, p_row, q_row, vocab, BLOCK_V)
+                tl.debug_barrier()
+                rejected_any = tl.full((), 1, tl.int1)
+                rank += 1
+                child = _next_child(par, lanes, cur, child, n)
+        moving = accepted >= 0
+        if moving:
+            out_vec = tl.where(lanes == level, tl.sum(tl.where(lanes == accepted, tok, 0), axis=0), out_vec)
+            nodes_vec = tl.where(lanes == level + 1, accepted, nodes_vec)
+            cur = accepted
+            level += 1
+        else:
+            # final draw: from R (when not empty), else from p, else id 0
+            if RANDOM == UNIFORMS:
+                u_final = tl.load(uniforms_ptr + b * stride_ub).to(tl.float64)
+            else:
+                u_final = philox_uniform(seed_b, offset + level, row_key, SALT_FINAL, 0)
+            use_r = rejected_any & (total > 0)
+            if use_r:
+                final = _draw_residual(scratch_row, draw_threshold(u_final, total), vocab, BLOCK_V)
+                final = tl.minimum(final, vocab - 1)  # threshold < S: only guards the id range
+            else:
+                total_p = _p_total(p_row, vocab, BLOCK_V)
+                final = _draw_p(p_row, draw_threshold(u_final, total_p), vocab, BLOCK_V)
+                final = tl.where(total_p > 0, tl.minimum(final, vocab - 1), 0)
+            out_vec = tl.where(lanes == level, final, out_vec)
+        alive = moving
+    tl.store(num_acc_ptr + b, level)
+    _store_path(out_ptr, nodes_ptr, out_vec, nodes_vec, lanes, b, stride_ob, stride_nb, max_depth + 1, BLOCK_N)
+
+
+# ------------------------------------------------------------------ launchers
+
+def _tree_outputs(tree_tokens: torch.Tensor, max_depth: int):
+    batch = tree_tokens.shape[0]
+    device = tree_tokens.device
+    return (torch.empty(batch, max_depth + 1, dtype=torch.int64, device=device),
+            torch.empty(batch, dtype=torch.int64, device=device),
+            torch.empty(batch, max_depth + 1, dtype=torch.int64, device=device))
+
+
+def _block_v(vocab: int, block_v: int) -> int:
+    return min(block_v, max(16, triton.next_power_of_2(vocab)))
+
+
+def _launch_greedy(target_logits, tree_tokens, parents, *, max_depth: int, block_v: int = BLOCK_V):
+    batch, n = tree_tokens.shape
+    vocab = target_logits.shape[-1]
+    out_tokens, num_accepted, accepted_nodes = _tree_outputs(tree_tokens, max_depth)
+    if batch == 0:
+        return out_tokens, num_accepted, accepted_nodes
+    with device_scope(tree_tokens.device):
+        _tree_greedy_kernel[(batch,)](
+            target_logits, tree_tokens, parents, out_tokens, num_accepted, accepted_nodes, n, vocab, max_depth,
+            target_logits.stride(0), target_logits.stride(1), tree_tokens.stride(0), tree_tokens.stride(1),
+            parents.stride(0), parents.stride(1), out_tokens.stride(0), accepted_nodes.stride(0),
+            BLOCK_N=triton.next_power_of_2(n), BLOCK_V=_block_v(vocab, block_v))
+    return out_tokens, num_accepted, accepted_nodes
+
+
+def _launch_rejection(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None, seed=None,
+                      offsets=None, block_v: int = BLOCK_V):
+    batch, n = tree_tokens.shape
+    vocab = target_probs.shape[-1]
+    device = tree_tokens.device
+    out_tokens, num_accepted, accepted_nodes = _tree_outputs(tree_tokens, max_depth)
+    if batch == 0:
+        return out_tokens, num_accepted, accepted_nodes
+    if uniforms is not None:
+        mode, seed_int, seeds = UNIFORMS.value, 0, None
+    elif isinstance(seed, torch.Tensor):
+        mode, seed_int, seeds = ROW_SEEDS.value, 0, seed
+    else:
+        mode, seed_int, seeds = INT_SEED.value, int(seed), None
+    has_offsets = offsets is not None and mode != UNIFORMS.value
+    scratch = torch.empty(batch, vocab, dtype=torch.int64, device=device)  # residual weights, one row per program
+    placeholder = tree_tokens  # any tensor on the device; never read when its flag is off
+    uniforms_t = placeholder if uniforms is None else uniforms
+    seeds_t = placeholder if seeds is None else seeds
+    offsets_t = offsets if has_offsets else placeholder
+    with device_scope(device):
+        _tree_rejection_kernel[(batch,)](
+            target_probs, draft_probs, tree_tokens, parents, uniforms_t, seeds_t, offsets_t, scratch,
+            out_tokens, num_accepted, accepted_nodes, seed_int, n, vocab, max_depth,
+            target_probs.stride(0), target_probs.stride(1), draft_probs.stride(0), draft_probs.stride(1),
+            tree_tokens.stride(0), tree_tokens.stride(1), parents.stride(0), parents.stride(1),
+            uniforms_t.stride(0) if uniforms is not None else 0, uniforms_t.stride(1) if uniforms is not None else 0,
+            seeds_t.stride(0) if seeds is not None else 0, offsets_t.stride(0) if has_offsets else 0,
+            out_tokens.stride(0), accepted_nodes.stride(0),
+            RANDOM=mode, HAS_OFFSETS=has_offsets, BLOCK_N=triton.next_power_of_2(n),
+            BLOCK_V=_block_v(vocab, block_v))
+    return out_tokens, num_accepted, accepted_nodes
+
+
+def tree_greedy_verify(target_logits, tree_tokens, parents, *, max_depth: int):
+    """Triton `tree_greedy_verify` on validated inputs (see specdec_kernels.ops.tree_greedy_verify)."""
+    return _launch_greedy(target_logits, tree_tokens, parents, max_depth=max_depth)
+
+
+def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None,
+                          seed=None, offsets=None):
+    """Triton `tree_rejection_sample` on validated inputs (see specdec_kernels.ops.tree_rejection_sample)."""
+    return _launch_rejection(target_probs, draft_probs, tree_tokens, parents, max_depth=max_depth,
+                             uniforms=uniforms, seed=seed, offsets=offsets)
+
+
+register("tree_greedy_verify", "triton", tree_greedy_verify)
+register("tree_rejection_sample", "triton", tree_rejection_sample)
