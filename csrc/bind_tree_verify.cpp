@@ -1,0 +1,89 @@
+// pybind11 bindings of the token-tree verification launchers (tree_verify.h).
+// Tensors cross as device addresses (tensor.data_ptr()), strides in elements,
+// the stream as an integer; 0 stands for an absent optional tensor.
+
+#include <cstdint>
+
+#include "registry.h"
+#include "tree_verify.h"
+
+namespace py = pybind11;
+
+namespace {
+
+cudaStream_t as_stream(uint64_t stream) { return reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)); }
+
+specdec::IndexMatrix index_matrix(uint64_t data, int64_t stride_b, int64_t stride_n) {
+  return {specdec::device_ptr<const int64_t>(data), stride_b, stride_n};
+}
+
+void tree_greedy_verify(uint64_t logits, int64_t logits_stride_b, int64_t logits_stride_n,
+                        uint64_t tree_tokens, int64_t tokens_stride_b, int64_t tokens_stride_n,
+                        uint64_t parents, int64_t parents_stride_b, int64_t parents_stride_n,
+                        uint64_t out_tokens, uint64_t num_accepted, uint64_t accepted_nodes,
+                        uint64_t workspace, int64_t B, int64_t N, int64_t V, int64_t max_depth,
+                        int dtype, uint64_t stream) {
+  specdec::launch_tree_greedy_verify(
+      specdec::device_ptr<const void>(logits), logits_stride_b, logits_stride_n,
+      index_matrix(tree_tokens, tokens_stride_b, tokens_stride_n),
+      index_matrix(parents, parents_stride_b, parents_stride_n), specdec::device_ptr<int64_t>(out_tokens),
+      specdec::device_ptr<int64_t>(num_accepted), specdec::device_ptr<int64_t>(accepted_nodes),
+      specdec::device_ptr<void>(workspace), B, N, V, max_depth, dtype, as_stream(stream));
+}
+
+void tree_rejection_sample(uint64_t target_probs, int64_t target_stride_b, int64_t target_stride_n,
+                           uint64_t draft_probs, int64_t draft_stride_b, int64_t draft_stride_n,
+                           uint64_t tree_tokens, int64_t tokens_stride_b, int64_t tokens_stride_n,
+                           uint64_t parents, int64_t parents_stride_b, int64_t parents_stride_n,
+                           uint64_t uniforms, bool uniforms_double, int64_t uniforms_stride_b,
+                           int64_t uniforms_stride_n, int64_t seed, uint64_t seeds, int64_t seeds_stride,
+                           uint64_t offsets, int64_t offsets_stride, uint64_t out_tokens,
+                           uint64_t num_accepted, uint64_t accepted_nodes, uint64_t scratch, int64_t B,
+                           int64_t N, int64_t V, int64_t max_depth, int dtype, uint64_t stream) {
+  const specdec::TreeRandomness randomness{specdec::device_ptr<const void>(uniforms),
+                                           uniforms_double ? 1 : 0,
+                                           uniforms_stride_b,
+                                           uniforms_stride_n,
+                                           seed,
+                                           specdec::device_ptr<const int64_t>(seeds),
+                                           seeds_stride,
+                                           specdec::device_ptr<const int64_t>(offsets),
+                                           offsets_stride};
+  specdec::launch_tree_rejection_sample(
+      specdec::device_ptr<const void>(target_probs), target_stride_b, target_stride_n,
+      specdec::device_ptr<const void>(draft_probs), draft_stride_b, draft_stride_n,
+      index_matrix(tree_tokens, tokens_stride_b, tokens_stride_n),
+      index_matrix(parents, parents_stride_b, parents_stride_n), randomness,
+      specdec::device_ptr<int64_t>(out_tokens), specdec::device_ptr<int64_t>(num_accepted),
+      specdec::device_ptr<int64_t>(accepted_nodes), specdec::device_ptr<void>(scratch), B, N, V, max_depth,
+      dtype, as_stream(stream));
+}
+
+const specdec::RegisterBindings registered([](py::module_& m) {
+  m.def("tree_greedy_verify", &tree_greedy_verify, py::arg("logits"), py::arg("logits_stride_b"),
+        py::arg("logits_stride_n"), py::arg("tree_tokens"), py::arg("tokens_stride_b"),
+        py::arg("tokens_stride_n"), py::arg("parents"), py::arg("parents_stride_b"),
+        py::arg("parents_stride_n"), py::arg("out_tokens"), py::arg("num_accepted"),
+        py::arg("accepted_nodes"), py::arg("workspace"), py::arg("B"), py::arg("N"), py::arg("V"),
+        py::arg("max_depth"), py::arg("dtype"), py::arg("stream"), py::call_guard<py::gil_scoped_release>(),
+        "Greedy token-tree verification on `stream` (one kernel launch, no sync). workspace must be "
+        "zeroed (tree_greedy_verify_workspace_bytes) and is left zeroed.");
+  m.def("tree_greedy_verify_workspace_bytes", &specdec::tree_greedy_verify_workspace_bytes, py::arg("B"),
+        py::arg("N"), "Bytes of zeroed workspace tree_greedy_verify needs (left zeroed after use).");
+  m.def("tree_rejection_sample", &tree_rejection_sample, py::arg("target_probs"), py::arg("target_stride_b"),
+        py::arg("target_stride_n"), py::arg("draft_probs"), py::arg("draft_stride_b"),
+        py::arg("draft_stride_n"), py::arg("tree_tokens"), py::arg("tokens_stride_b"),
+        py::arg("tokens_stride_n"), py::arg("parents"), py::arg("parents_stride_b"),
+        py::arg("parents_stride_n"), py::arg("uniforms"), py::arg("uniforms_double"),
+        py::arg("uniforms_stride_b"), py::arg("uniforms_stride_n"), py::arg("seed"), py::arg("seeds"),
+        py::arg("seeds_stride"), py::arg("offsets"), py::arg("offsets_stride"), py::arg("out_tokens"),
+        py::arg("num_accepted"), py::arg("accepted_nodes"), py::arg("scratch"), py::arg("B"), py::arg("N"),
+        py::arg("V"), py::arg("max_depth"), py::arg("dtype"), py::arg("stream"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Multi-draft speculative sampling over a token tree on `stream` (one kernel launch, no sync). "
+        "uniforms/seeds/offsets may be 0; scratch (tree_rejection_sample_scratch_bytes) need not be zeroed.");
+  m.def("tree_rejection_sample_scratch_bytes", &specdec::tree_rejection_sample_scratch_bytes, py::arg("B"),
+        py::arg("V"), "Bytes of scratch tree_rejection_sample needs (no zeroing required).");
+});
+
+}  // namespace

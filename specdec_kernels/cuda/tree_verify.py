@@ -1,0 +1,61 @@
+"""CUDA backends of `tree_greedy_verify` and `tree_rejection_sample` (csrc/tree_verify.cu):
+one kernel launch per call, no host sync, buffers sized by (B, N, V) only."""
+
+import torch
+
+from ..ops._backend import register
+from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle, zeroed_workspace
+
+
+def _tree_outputs(tree_tokens: torch.Tensor, max_depth: int):
+    """Empty (output_tokens [B, D+1], num_accepted [B], accepted_nodes [B, D+1]); the kernels write every element."""
+    batch = tree_tokens.shape[0]
+    device = tree_tokens.device
+    return (torch.empty(batch, max_depth + 1, dtype=torch.int64, device=device),
+            torch.empty(batch, dtype=torch.int64, device=device),
+            torch.empty(batch, max_depth + 1, dtype=torch.int64, device=device))
+
+
+def tree_greedy_verify(target_logits, tree_tokens, parents, *, max_depth: int):
+    lib = library()
+    batch, n, vocab = target_logits.shape
+    device = tree_tokens.device
+    out_tokens, num_accepted, accepted_nodes = _tree_outputs(tree_tokens, max_depth)
+    workspace = zeroed_workspace(device, lib.tree_greedy_verify_workspace_bytes(batch, n))
+    with on_device(device):  # the launcher queries the current device's SM count
+        lib.tree_greedy_verify(
+            target_logits.data_ptr(), target_logits.stride(0), target_logits.stride(1),
+            tree_tokens.data_ptr(), tree_tokens.stride(0), tree_tokens.stride(1),
+            parents.data_ptr(), parents.stride(0), parents.stride(1),
+            out_tokens.data_ptr(), num_accepted.data_ptr(), accepted_nodes.data_ptr(), workspace.data_ptr(),
+            batch, n, vocab, max_depth, DTYPE_CODES[target_logits.dtype], stream_handle(device))
+    return out_tokens, num_accepted, accepted_nodes
+
+
+def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None,
+                          seed=None, offsets=None):
+    lib = library()
+    batch, n, vocab = target_probs.shape
+    device = tree_tokens.device
+    seeds = seed if isinstance(seed, torch.Tensor) else None
+    seed_int = 0 if seeds is not None or seed is None else int(seed)
+    out_tokens, num_accepted, accepted_nodes = _tree_outputs(tree_tokens, max_depth)
+    # Residual weights [B, V] int64: every row is written before it is read, so no zeroing.
+    scratch = torch.empty(max(batch * vocab, 1), dtype=torch.int64, device=device)
+    with on_device(device):
+        lib.tree_rejection_sample(
+            target_probs.data_ptr(), target_probs.stride(0), target_probs.stride(1),
+            draft_probs.data_ptr(), draft_probs.stride(0), draft_probs.stride(1),
+            tree_tokens.data_ptr(), tree_tokens.stride(0), tree_tokens.stride(1),
+            parents.data_ptr(), parents.stride(0), parents.stride(1),
+            pointer(uniforms), uniforms is not None and uniforms.dtype == torch.float64,
+            0 if uniforms is None else uniforms.stride(0), 0 if uniforms is None else uniforms.stride(1),
+            seed_int, pointer(seeds), 0 if seeds is None else seeds.stride(0),
+            pointer(offsets), 0 if offsets is None else offsets.stride(0),
+            out_tokens.data_ptr(), num_accepted.data_ptr(), accepted_nodes.data_ptr(), scratch.data_ptr(),
+            batch, n, vocab, max_depth, DTYPE_CODES[target_probs.dtype], stream_handle(device))
+    return out_tokens, num_accepted, accepted_nodes
+
+
+register("tree_greedy_verify", "cuda", tree_greedy_verify)
+register("tree_rejection_sample", "cuda", tree_rejection_sample)
