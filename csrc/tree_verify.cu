@@ -359,8 +359,8 @@ tree_rejection_sample_kernel(const T* __restrict__ target, int64_t target_stride
               if (!rejected) {
                 accept = accept_draft(u, q_x, to_float(p_row[x]));
               } else {
-                // reference: (u * q_x) * S < R(x), with R(x) gathered as float32.
-                const double r_x = static_cast<double>(static_cast<float>(static_cast<double>(residual[x])));
+                // reference: (u * q_x) * S < R(x), R(x) read exactly (int64 -> float64).
+                const double r_x = static_cast<double>(residual[x]);  // <= 2^40: exact
                 accept = (u * static_cast<double>(q_x)) * static_cast<double>(total) < r_x;
               }
             }
