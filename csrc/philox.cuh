@@ -77,10 +77,16 @@ SPECDEC_HD int64_t to_weight(float x) {
   return static_cast<int64_t>(x * 1099511627776.0f);
 }
 
-// floor(u * total) for u in [0, 1) and total >= 0: the inverse-CDF threshold. The
-// drawn token is the first whose inclusive cumulative weight exceeds it.
+// floor(u * total), kept in [0, total - 1]: the inverse-CDF threshold for total >= 0.
+// The drawn token is the first whose inclusive cumulative weight exceeds it. For u in
+// [0, 1) the clamp never acts; it keeps the draw inside the row when a GPU caller's
+// unvalidated uniform is 1.0 (a float64 near 1 rounded to float32), above 1, or NaN.
 SPECDEC_HD int64_t draw_threshold(double u, int64_t total) {
-  return static_cast<int64_t>(u * static_cast<double>(total));
+  double x = u * static_cast<double>(total);
+  x = x >= 0.0 ? (x < 0x1.0p62 ? x : 0x1.0p62) : 0.0;  // NaN and negatives -> 0; no overflow
+  const int64_t t = static_cast<int64_t>(x);
+  const int64_t last = total > 0 ? total - 1 : 0;
+  return t < last ? t : last;
 }
 
 // The chain acceptance test u * q(x) < p(x) in float64 (q == 0 < p accepts; p == 0

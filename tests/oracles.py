@@ -28,7 +28,7 @@ def draw(weights: list[int], u: float) -> int | None:
     total = sum(weights)
     if total == 0:
         return None
-    threshold = math.floor(u * float(total))
+    threshold = min(math.floor(u * float(total)), total - 1) if u == u else 0  # bad u: stay in the row
     acc = 0
     for i, w in enumerate(weights):
         acc += w

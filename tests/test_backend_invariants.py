@@ -216,3 +216,32 @@ def test_tree_ops_are_well_formed_on_every_backend(op, case):
         if backend != "torch":
             for got, want in zip(outputs, results["torch"]):
                 assert torch.equal(got, want), backend
+
+
+@pytest.mark.parametrize("bad_u", [1.0, 1.5, float("nan")])
+@pytest.mark.parametrize("op", ["rejection_sample", "tree_rejection_sample"])
+def test_unvalidated_bad_uniforms_still_draw_inside_the_row(op, bad_u):
+    """On a GPU the ops cannot inspect caller uniforms without a sync, so a 1.0 (a float64
+    near 1 rounded to float32), a value above 1 or a NaN reaches the kernels. Called past
+    the validation here, every backend must still emit ids in [0, V) and agree."""
+    from specdec_kernels.ops._backend import implementation
+
+    vocab, gen = 24, torch.Generator().manual_seed(5)
+    p = torch.softmax(torch.randn(2, 2, vocab, generator=gen), -1)
+    p[1, 0, 5:] = 0  # a row whose last ids have no mass: a threshold of `total` would pass them
+    q = torch.softmax(torch.randn(2, 1, vocab, generator=gen), -1)
+    u = torch.full((2, 2), bad_u, dtype=torch.float64)
+    if op == "rejection_sample":
+        args = (p, q, torch.tensor([[3], [4]]))
+    else:
+        args = (p, torch.cat([q, q], dim=1), torch.tensor([[0, 3], [0, 4]]), torch.tensor([[-1, 0], [-1, 0]]))
+    results = {}
+    for backend in runnable_backends(op):
+        kwargs = {"uniforms": u.to(DEVICE)} | ({"max_depth": 1} if op.startswith("tree") else {})
+        results[backend] = implementation(op, backend)(*(a.to(DEVICE) for a in args), **kwargs)
+        tokens = results[backend][0].cpu()
+        emitted = tokens[tokens >= 0]
+        assert bool(((emitted >= 0) & (emitted < vocab)).all()), (backend, tokens)
+        assert int(tokens[1, 0]) < 5 or int(results[backend][1][1]) > 0, backend  # never a zero-mass id
+        for got, want in zip(results[backend], results["torch"]):
+            assert torch.equal(got.cpu(), want.cpu()), backend

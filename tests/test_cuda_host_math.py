@@ -50,7 +50,12 @@ def test_host_draw_threshold_is_the_reference():
     u = rng.philox_uniform(3, torch.arange(5000), 0, rng.SALT_FINAL)
     total = torch.randint(0, 2**57, (5000,), generator=gen)
     total[:4] = torch.tensor([0, 1, 2**40, 151936 * 2**40])
-    expected = torch.floor(u * total.to(torch.float64)).to(torch.int64)  # as in _sampling.sample_weights
+    u = torch.cat([u, torch.tensor([1.0, 1.5, float("nan"), -0.5, 1e300, 1.0 - 2.0**-53])])
+    total = torch.cat([total, torch.tensor([2**40, 7, 2**40, 5, 2**57, 2**54 + 3])])
+    expected = _sampling.draw_threshold(u, total)
+    assert torch.equal(expected[:5000], torch.floor(u[:5000] * total[:5000].double()).to(torch.int64))  # valid u: plain floor
+    assert bool(((expected >= 0) & (expected <= (total - 1).clamp(min=0))).all())
+    assert expected[-6:-1].tolist() == [2**40 - 1, 6, 0, 0, 2**57 - 1]
     got = torch.tensor(_C.host_draw_threshold(u.tolist(), total.tolist()), dtype=torch.int64)
     assert torch.equal(got, expected)
 

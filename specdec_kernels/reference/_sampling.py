@@ -32,6 +32,18 @@ def to_weights(x: torch.Tensor) -> torch.Tensor:
     return torch.floor(x * WEIGHT_SCALE).to(torch.int64)
 
 
+def draw_threshold(u: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """floor(u * total) as int64, kept in [0, total - 1] (0 for total 0).
+
+    For u in [0, 1) the clamp never acts. On a GPU the ops do not inspect caller uniforms
+    (that would sync), so a 1.0 (a float64 near 1 rounded to float32), a value above 1 or
+    a NaN can arrive: the clamp keeps the drawn id inside the row on every backend.
+    """
+    x = u.to(torch.float64) * total.to(torch.float64)
+    x = torch.where(x >= 0, x.clamp(max=2.0**62), torch.zeros_like(x))  # NaN and negatives -> 0
+    return torch.minimum(x.to(torch.int64), (total - 1).clamp(min=0))
+
+
 def sample_weights(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse-CDF draw per row of int64 weights [..., V] with float64 uniforms [...].
 
@@ -40,7 +52,7 @@ def sample_weights(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor
     """
     cdf = torch.cumsum(weights, dim=-1)
     total = cdf[..., -1]
-    threshold = torch.floor(u.to(torch.float64) * total.to(torch.float64)).to(torch.int64)
+    threshold = draw_threshold(u, total)
     token = torch.searchsorted(cdf.contiguous(), threshold.unsqueeze(-1).contiguous(), right=True).squeeze(-1)
     valid = total > 0
     return torch.where(valid, token, torch.zeros_like(token)), valid

@@ -1,7 +1,7 @@
 """Fixed-point sampling helpers in Triton, bit-identical to `specdec_kernels.reference._sampling`.
 
   weight_v  = floor(clamp(x_v, 0, 1) * 2^40)   (x in float32; NaN -> 0, +inf -> 1, -inf -> 0)
-  threshold = floor(u * float64(total))         (u float64 in [0, 1))
+  threshold = floor(u * float64(total))         (u float64 in [0, 1); kept in [0, total - 1])
   token     = first v with cumsum(weight)_v > threshold
             = the number of v with cumsum(weight)_v <= threshold
 
@@ -24,8 +24,14 @@ def to_weights(x):
 
 @triton.jit
 def draw_threshold(u, total):
-    """floor(u * float64(total)) as int64 (u float64 in [0, 1), total int64 >= 0)."""
-    return (u.to(tl.float64) * total.to(tl.float64)).to(tl.int64)
+    """floor(u * float64(total)) as int64, kept in [0, total - 1] (total int64 >= 0).
+
+    For u in [0, 1) the clamp never acts; it keeps the draw inside the row for an
+    unvalidated GPU uniform of 1.0, above 1, or NaN (reference `_sampling.draw_threshold`).
+    """
+    x = u.to(tl.float64) * total.to(tl.float64)
+    x = tl.where(x >= 0.0, tl.minimum(x, 4611686018427387904.0), 0.0)  # NaN, < 0 -> 0; 2^62 cap
+    return tl.minimum(x.to(tl.int64), tl.maximum(total - 1, 0))
 
 
 @triton.jit
