@@ -20,7 +20,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-using chain::consider;
+using chain::chunk_argmax_key;
 using chain::drafts_in_row;
 using chain::key_to_token;
 using chain::plan_splits;
@@ -52,28 +52,7 @@ greedy_verify_kernel(const T* __restrict__ logits, int64_t stride_b, int64_t str
   const int64_t end = min(static_cast<int64_t>(V), start + chunk);
   const T* row = logits + static_cast<int64_t>(b) * stride_b + static_cast<int64_t>(pos) * stride_g;
 
-  uint32_t best_ord = 0;            // below every real element, even -inf/NaN
-  uint32_t best_idx = 0xFFFFFFFFu;  // -> key 0 for threads with no element
-  int64_t scalar_from = start;
-  if (reinterpret_cast<uintptr_t>(row + start) % 16 == 0) {  // uniform per block
-    constexpr int kVec = Vec16<T>::kElems;
-    const int64_t num_vec = (end - start) / kVec;
-    const T* base = row + start;
-#pragma unroll 4
-    for (int64_t v = threadIdx.x; v < num_vec; v += kThreads) {
-      float vals[kVec];
-      load_vec16(base + v * kVec, vals);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) consider(vals[k], start + v * kVec + k, best_ord, best_idx);
-    }
-    scalar_from = start + num_vec * kVec;  // tail indices exceed all vector ones
-  }
-  for (int64_t idx = scalar_from + threadIdx.x; idx < end; idx += kThreads) {
-    consider(to_float(row[idx]), idx, best_ord, best_idx);
-  }
-
-  const unsigned long long key =
-      block_max_u64<kThreads>(make_argmax_key(best_ord, best_idx), warp_scratch);
+  const unsigned long long key = chunk_argmax_key<T, kThreads>(row, start, end, warp_scratch);
 
   // ---- 2. merge into the row's key; elect the last block of batch row b ----
   if (threadIdx.x == 0) {

@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "chain_common.cuh"
 #include "common.cuh"
 #include "launch_utils.h"
 #include "philox.cuh"
@@ -48,23 +49,10 @@ __device__ __forceinline__ bool node_is_used(IndexMatrix parents, int64_t b, int
 // tree_greedy_verify
 // ===========================================================================
 constexpr int kArgmaxThreads = 256;
-constexpr int64_t kChunkAlign = 8;    // chunk starts stay 16-byte aligned (see greedy_verify.cu)
-constexpr int64_t kMinChunk = 4096;   // below this per block, atomics cost more than they buy
-constexpr int64_t kBlocksPerSM = 4;
-
-__device__ __forceinline__ void consider(float v, int64_t idx, uint32_t& best_ord,
-                                         uint32_t& best_idx) {
-  const uint32_t ord = order_preserving_bits(v);
-  if (ord > best_ord) {  // strict: each thread sees its indices in increasing order
-    best_ord = ord;
-    best_idx = static_cast<uint32_t>(idx);
-  }
-}
-
-__device__ __forceinline__ int64_t key_to_token(unsigned long long key, int V) {
-  const uint32_t idx = argmax_key_index(key);
-  return idx < static_cast<uint32_t>(V) ? static_cast<int64_t>(idx) : 0;
-}
+using chain::chunk_argmax_key;
+using chain::key_to_token;
+using chain::plan_splits;
+using chain::SplitPlan;
 
 template <typename T>
 __global__ void __launch_bounds__(kArgmaxThreads)
@@ -90,27 +78,7 @@ tree_greedy_verify_kernel(const T* __restrict__ logits, int64_t stride_b, int64_
   const int64_t end = min(static_cast<int64_t>(V), start + chunk);
   const T* row = logits + b * stride_b + static_cast<int64_t>(node) * stride_n;
 
-  uint32_t best_ord = 0;            // below every real element, even -inf/NaN
-  uint32_t best_idx = 0xFFFFFFFFu;  // -> key 0 for threads with no element
-  int64_t scalar_from = start;
-  if (reinterpret_cast<uintptr_t>(row + start) % 16 == 0) {  // uniform per block
-    constexpr int kVec = Vec16<T>::kElems;
-    const int64_t num_vec = (end - start) / kVec;
-    const T* base = row + start;
-#pragma unroll 4
-    for (int64_t v = threadIdx.x; v < num_vec; v += kArgmaxThreads) {
-      float vals[kVec];
-      load_vec16(base + v * kVec, vals);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) consider(vals[k], start + v * kVec + k, best_ord, best_idx);
-    }
-    scalar_from = start + num_vec * kVec;  // tail indices exceed all vector ones
-  }
-  for (int64_t idx = scalar_from + threadIdx.x; idx < end; idx += kArgmaxThreads) {
-    consider(to_float(row[idx]), idx, best_ord, best_idx);
-  }
-  const unsigned long long key =
-      block_max_u64<kArgmaxThreads>(make_argmax_key(best_ord, best_idx), warp_scratch);
+  const unsigned long long key = chunk_argmax_key<T, kArgmaxThreads>(row, start, end, warp_scratch);
 
   // ---- 2. merge into the node's key; elect the last block of batch row b ---
   unsigned long long* row_keys = keys + b * N;
@@ -170,21 +138,6 @@ tree_greedy_verify_kernel(const T* __restrict__ logits, int64_t stride_b, int64_
       row_nodes[j] = -1;
     }
   }
-}
-
-struct SplitPlan {
-  int splits;
-  int chunk;
-};
-
-// ~kBlocksPerSM blocks per SM over all rows, never below kMinChunk elements per
-// block; recomputing splits from the rounded chunk gives every block >= 1 element.
-SplitPlan plan_splits(int64_t rows, int64_t V, int sms) {
-  int64_t splits = ceil_div(kBlocksPerSM * sms, rows);
-  splits = std::max<int64_t>(1, std::min(splits, V / kMinChunk));
-  const int64_t chunk = ceil_div(ceil_div(V, splits), kChunkAlign) * kChunkAlign;
-  splits = ceil_div(V, chunk);
-  return {static_cast<int>(splits), static_cast<int>(chunk)};
 }
 
 // ===========================================================================
