@@ -4,6 +4,7 @@ and zeroed workspaces that the kernels hand back zeroed (so they are reused, not
 import torch
 
 from .. import _cuda_module
+from ..ops._outputs import chain_outputs, tree_outputs  # noqa: F401  (re-exported for the launchers)
 
 # dtype codes shared with csrc/common.cuh
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -55,11 +56,3 @@ def zeroed_workspace(device: torch.device, nbytes: int) -> torch.Tensor:
     fresh = torch.zeros(size, dtype=torch.uint8, device=device)
     _zeroed_workspaces[key] = fresh
     return fresh
-
-
-def chain_outputs(draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Empty (output_tokens [B, g+1], num_accepted [B]) int64 tensors for a chain verify op."""
-    batch, g = draft_tokens.shape
-    device = draft_tokens.device
-    return (torch.empty(batch, g + 1, dtype=torch.int64, device=device),
-            torch.empty(batch, dtype=torch.int64, device=device))

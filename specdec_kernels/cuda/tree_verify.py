@@ -4,23 +4,14 @@ one kernel launch per call, no host sync, buffers sized by (B, N, V) only."""
 import torch
 
 from ..ops._backend import register
-from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle, zeroed_workspace
-
-
-def _tree_outputs(tree_tokens: torch.Tensor, max_depth: int):
-    """Empty (output_tokens [B, D+1], num_accepted [B], accepted_nodes [B, D+1]); the kernels write every element."""
-    batch = tree_tokens.shape[0]
-    device = tree_tokens.device
-    return (torch.empty(batch, max_depth + 1, dtype=torch.int64, device=device),
-            torch.empty(batch, dtype=torch.int64, device=device),
-            torch.empty(batch, max_depth + 1, dtype=torch.int64, device=device))
+from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle, tree_outputs, zeroed_workspace
 
 
 def tree_greedy_verify(target_logits, tree_tokens, parents, *, max_depth: int):
     lib = library()
     batch, n, vocab = target_logits.shape
     device = tree_tokens.device
-    out_tokens, num_accepted, accepted_nodes = _tree_outputs(tree_tokens, max_depth)
+    out_tokens, num_accepted, accepted_nodes = tree_outputs(tree_tokens, max_depth)
     workspace = zeroed_workspace(device, lib.tree_greedy_verify_workspace_bytes(batch, n))
     with on_device(device):  # the launcher queries the current device's SM count
         lib.tree_greedy_verify(
@@ -39,7 +30,7 @@ def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, ma
     device = tree_tokens.device
     seeds = seed if isinstance(seed, torch.Tensor) else None
     seed_int = 0 if seeds is not None or seed is None else int(seed)
-    out_tokens, num_accepted, accepted_nodes = _tree_outputs(tree_tokens, max_depth)
+    out_tokens, num_accepted, accepted_nodes = tree_outputs(tree_tokens, max_depth)
     # Residual weights [B, V] int64: every row is written before it is read, so no zeroing.
     scratch = torch.empty(max(batch * vocab, 1), dtype=torch.int64, device=device)
     with on_device(device):

@@ -4,15 +4,19 @@ import contextlib
 
 import torch
 
+from ..ops._outputs import chain_outputs, tree_outputs  # noqa: F401  (re-exported for the launchers)
+from ._philox import INT_SEED, ROW_SEEDS, UNIFORMS
+
 
 def device_scope(device: torch.device):
     """Launch on the tensors' GPU (Triton uses the current device); nothing on the CPU."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def chain_outputs(draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Empty (output_tokens [B, g+1], num_accepted [B]) int64 tensors for a chain verify op."""
-    batch, g = draft_tokens.shape
-    device = draft_tokens.device
-    return (torch.empty(batch, g + 1, dtype=torch.int64, device=device),
-            torch.empty(batch, dtype=torch.int64, device=device))
+def randomness_mode(uniforms, seed) -> tuple[int, int, torch.Tensor | None]:
+    """(RANDOM constexpr value, int seed, per-row seeds tensor) for the sampling kernels."""
+    if uniforms is not None:
+        return UNIFORMS.value, 0, None
+    if isinstance(seed, torch.Tensor):
+        return ROW_SEEDS.value, 0, seed
+    return INT_SEED.value, int(seed), None

@@ -26,16 +26,12 @@ import triton
 import triton.language as tl
 
 from ..ops._backend import register
-from ._launch import chain_outputs, device_scope
+from ._launch import chain_outputs, device_scope, randomness_mode
 from ._fixed_point import count_at_or_below, draw_threshold, to_weights
-from ._philox import SALT_ACCEPT, SALT_FINAL, philox_uniform
+from ._philox import INT_SEED, ROW_SEEDS, SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform
 
 BLOCK_V = 1024  # vocabulary elements per tile (power of two)
 
-# randomness modes (constexpr)
-UNIFORMS: tl.constexpr = tl.constexpr(0)  # caller-supplied uniforms [B, g+1]
-INT_SEED: tl.constexpr = tl.constexpr(1)  # one int seed, rows keyed by batch index
-ROW_SEEDS: tl.constexpr = tl.constexpr(2)  # int64 [B] per-request seeds, row key 0
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -142,12 +138,7 @@ def _launch(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None
     if batch == 0:
         return out_tokens, num_accepted
     block_v = min(block_v, max(16, triton.next_power_of_2(vocab)))
-    if uniforms is not None:
-        mode, seed_int, seeds = UNIFORMS.value, 0, None
-    elif isinstance(seed, torch.Tensor):
-        mode, seed_int, seeds = ROW_SEEDS.value, 0, seed
-    else:
-        mode, seed_int, seeds = INT_SEED.value, int(seed), None
+    mode, seed_int, seeds = randomness_mode(uniforms, seed)
     placeholder = draft_tokens  # any tensor on the device; never read when its flag is off
     if g == 0:
         draft_probs = target_probs  # [B, 0, V] has nothing to read; keep a valid pointer

@@ -43,10 +43,9 @@ import triton.language as tl
 
 from ..ops._backend import register
 from ._fixed_point import count_at_or_below, draw_threshold, to_weights
-from ._launch import chain_outputs, device_scope
-from ._philox import SALT_ACCEPT, SALT_FINAL, philox_uniform
+from ._launch import chain_outputs, device_scope, randomness_mode
+from ._philox import INT_SEED, ROW_SEEDS, SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform
 from .logit_verify import _split_plan
-from .rejection_sample import INT_SEED, ROW_SEEDS, UNIFORMS
 
 BLOCK_V = 1024  # vocabulary elements per tile (power of two)
 TILES_PER_PROGRAM = 4  # tiles one stats program streams before V is split further
@@ -276,12 +275,7 @@ def _launch(target_logits, draft_logits, draft_tokens, *, temperature=1.0, unifo
     out_tokens, num_accepted = chain_outputs(draft_tokens)
     if batch == 0:
         return out_tokens, num_accepted
-    if uniforms is not None:
-        mode, seed_int, seeds = UNIFORMS.value, 0, None
-    elif isinstance(seed, torch.Tensor):
-        mode, seed_int, seeds = ROW_SEEDS.value, 0, seed
-    else:
-        mode, seed_int, seeds = INT_SEED.value, int(seed), None
+    mode, seed_int, seeds = randomness_mode(uniforms, seed)
     per_row_temp = isinstance(temperature, torch.Tensor)
     temp_value = 1.0 if per_row_temp else float(temperature)
     placeholder = draft_tokens  # any tensor on the device; never read when its flag is off

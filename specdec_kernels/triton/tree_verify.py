@@ -47,15 +47,10 @@ import triton.language as tl
 
 from ..ops._backend import register
 from ._fixed_point import count_at_or_below, draw_threshold, to_weights
-from ._launch import device_scope
-from ._philox import SALT_ACCEPT, SALT_FINAL, philox_uniform
+from ._launch import device_scope, randomness_mode, tree_outputs
+from ._philox import INT_SEED, ROW_SEEDS, SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform
 
 BLOCK_V = 1024  # vocabulary elements per tile (power of two)
-
-# randomness modes (constexpr), as in rejection_sample.py
-UNIFORMS: tl.constexpr = tl.constexpr(0)  # caller-supplied uniforms [B, N]
-INT_SEED: tl.constexpr = tl.constexpr(1)  # one int seed, rows keyed by batch index
-ROW_SEEDS: tl.constexpr = tl.constexpr(2)  # int64 [B] per-request seeds, row key 0
 
 
 # ------------------------------------------------------------------ shared device helpers
@@ -314,14 +309,6 @@ def _tree_rejection_kernel(
 
 # ------------------------------------------------------------------ launchers
 
-def _tree_outputs(tree_tokens: torch.Tensor, max_depth: int):
-    batch = tree_tokens.shape[0]
-    device = tree_tokens.device
-    return (torch.empty(batch, max_depth + 1, dtype=torch.int64, device=device),
-            torch.empty(batch, dtype=torch.int64, device=device),
-            torch.empty(batch, max_depth + 1, dtype=torch.int64, device=device))
-
-
 def _block_v(vocab: int, block_v: int) -> int:
     return min(block_v, max(16, triton.next_power_of_2(vocab)))
 
@@ -329,7 +316,7 @@ def _block_v(vocab: int, block_v: int) -> int:
 def _launch_greedy(target_logits, tree_tokens, parents, *, max_depth: int, block_v: int = BLOCK_V):
     batch, n = tree_tokens.shape
     vocab = target_logits.shape[-1]
-    out_tokens, num_accepted, accepted_nodes = _tree_outputs(tree_tokens, max_depth)
+    out_tokens, num_accepted, accepted_nodes = tree_outputs(tree_tokens, max_depth)
     if batch == 0:
         return out_tokens, num_accepted, accepted_nodes
     with device_scope(tree_tokens.device):
@@ -346,15 +333,10 @@ def _launch_rejection(target_probs, draft_probs, tree_tokens, parents, *, max_de
     batch, n = tree_tokens.shape
     vocab = target_probs.shape[-1]
     device = tree_tokens.device
-    out_tokens, num_accepted, accepted_nodes = _tree_outputs(tree_tokens, max_depth)
+    out_tokens, num_accepted, accepted_nodes = tree_outputs(tree_tokens, max_depth)
     if batch == 0:
         return out_tokens, num_accepted, accepted_nodes
-    if uniforms is not None:
-        mode, seed_int, seeds = UNIFORMS.value, 0, None
-    elif isinstance(seed, torch.Tensor):
-        mode, seed_int, seeds = ROW_SEEDS.value, 0, seed
-    else:
-        mode, seed_int, seeds = INT_SEED.value, int(seed), None
+    mode, seed_int, seeds = randomness_mode(uniforms, seed)
     has_offsets = offsets is not None and mode != UNIFORMS.value
     scratch = torch.empty(batch, vocab, dtype=torch.int64, device=device)  # residual weights, one row per program
     placeholder = tree_tokens  # any tensor on the device; never read when its flag is off
