@@ -4,3 +4,4 @@ only picks a `cuda` backend when `_C` loads and the tensors are on a CUDA device
 """
 
 from . import greedy_verify  # noqa: F401
+from . import rejection_sample  # noqa: F401
