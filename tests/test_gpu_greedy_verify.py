@@ -9,18 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-try:
-    from specdec_kernels import _C
-except Exception:  # not built / no CUDA runtime: skip, never error at collection
-    _C = None
+from gpu_support import CUDA_KERNEL_MARKS, _C  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        _C is None or not torch.cuda.is_available(),
-        reason="needs a CUDA GPU and the built specdec_kernels._C extension",
-    ),
-]
+pytestmark = CUDA_KERNEL_MARKS
 
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 DTYPES = list(DTYPE_CODES)

@@ -12,21 +12,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-try:
-    from specdec_kernels import _C
-except Exception:  # not built / no CUDA runtime: skip, never error at collection
-    _C = None
+from gpu_support import CUDA_KERNEL_MARKS, _C  # noqa: E402
 
 from specdec_kernels import ops  # noqa: E402
 from specdec_kernels.reference._sampling import gather_token_values, nan_to_neg_inf  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        _C is None or not torch.cuda.is_available(),
-        reason="needs a CUDA GPU and the built specdec_kernels._C extension",
-    ),
-]
+pytestmark = CUDA_KERNEL_MARKS
 
 INF, NAN = float("inf"), float("nan")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -12,15 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from specdec_kernels import _cuda_module, ops  # noqa: E402
+from gpu_support import CUDA_KERNEL_MARKS  # noqa: E402
+from specdec_kernels import ops  # noqa: E402
 
-_C = _cuda_module.load()
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_C is None or not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU and the built specdec_kernels._C extension"),
-]
+pytestmark = CUDA_KERNEL_MARKS
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 dtype_id = lambda d: str(d).replace("torch.", "")  # noqa: E731
