@@ -78,14 +78,14 @@ def depth_of(nodes: int) -> int:
 
 
 def tree_paths(batch: int, nodes: int, gen: torch.Generator) -> list[list[int]]:
-    """One accepted path per request: a random root-to-node path of a random level tree."""
+    """One accepted path per request: a random root-to-node path of its own random level tree."""
     depth = min(depth_of(nodes), nodes - 1)
-    # nodes per level: the root, then nodes - 1 spread over `depth` levels (each >= 1)
-    sizes = [1] + [1] * depth
-    for _ in range(nodes - 1 - depth):
-        sizes[1 + int(torch.randint(0, depth, (), generator=gen))] += 1
     paths = []
     for _ in range(batch):
+        # nodes per level: the root, then nodes - 1 spread over `depth` levels (each >= 1)
+        sizes = [1] + [1] * depth
+        for _ in range(nodes - 1 - depth):
+            sizes[1 + int(torch.randint(0, depth, (), generator=gen))] += 1
         starts = [sum(sizes[:k]) for k in range(len(sizes))]
         parent = [-1] * nodes
         for level in range(1, len(sizes)):

@@ -16,10 +16,10 @@ def kv_compact(k_caches, v_caches, seq_lens, accepted_nodes):
     new_lens = torch.empty(batch, dtype=seq_lens.dtype, device=device)
     if batch == 0:
         return new_lens
-    layout = cache_layout(k_caches, v_caches)
     first_k, first_v = (k_caches[0], v_caches[0]) if k_caches else (None, None)
     heads, seq_capacity, head_dim = first_k.shape[1:] if k_caches else (0, 0, 0)  # no layers: lengths only
-    with on_device(device):  # the launcher queries the current device's SM count
+    with on_device(device):  # the launcher queries the current device's SM count; a new table goes here
+        layout = cache_layout(k_caches, v_caches)
         lib.kv_compact(
             pointer(first_k), pointer(first_v), layout.k_step, layout.v_step, layout.k_strides, layout.v_strides,
             pointer(layout.table), layout.num_layers, heads, seq_capacity, head_dim,

@@ -147,13 +147,13 @@ def kv_compact(k_caches, v_caches, seq_lens, accepted_nodes):
                 TABLE=False, VEC_BYTES=1, ALIGN=1, BLOCK_M=1, BLOCK_H=1, BLOCK_D=1, BLOCK_A=block_a)
         return new_lens
     _, heads, seq_cap, head_dim = k_caches[0].shape
-    layout = cache_layout(k_caches, v_caches)
     num_tensors = 2 * num_layers
     target = TARGET_PROGRAMS if seq_lens.is_cuda else INTERPRETER_TARGET_PROGRAMS
     block_m, block_h, block_d, num_col_blocks = _plan(batch, num_tensors, heads, head_dim, m, target)
     elem = k_caches[0].element_size()
-    align = layout.vector_bytes // elem if layout.vector_bytes > elem else 1
-    with device_scope(seq_lens.device):
+    with device_scope(seq_lens.device):  # a new table is uploaded on this device's current stream
+        layout = cache_layout(k_caches, v_caches)
+        align = layout.vector_bytes // elem if layout.vector_bytes > elem else 1
         _kv_compact_kernel[(batch * num_col_blocks, num_tensors)](
             k_caches[0], v_caches[0], layout.table if layout.table is not None else accepted_nodes,
             seq_lens, accepted_nodes, new_lens,
