@@ -23,17 +23,17 @@ p and q, what a kernel that streams every row reads).
 import argparse
 import itertools
 import json
-import platform
 import statistics
 import sys
 import time
 from dataclasses import dataclass
-from datetime import date
 from pathlib import Path
 
 import torch
 
-from specdec_kernels import build_info, ops
+from specdec_kernels import ops
+
+from _report import write_report  # noqa: E402  (bench/ is on sys.path: script dir or pytest rootdir)
 
 FULL = {"B": (1, 8, 64, 256), "g": (1, 4, 8), "V": (32000, 128256, 151936)}
 SMOKE = {"B": (1, 3), "g": (1, 4), "V": (50,)}
@@ -280,19 +280,11 @@ def grid(smoke: bool, dtype: torch.dtype, device: torch.device, ops_=OPS, batche
 
 
 def write_results(rows: list[dict], out: Path, command: str, bandwidth: float | None) -> None:
-    info = build_info()
-    meta = {"date": date.today().isoformat(), "device": info["device"], "command": command, "torch": info["torch"],
-            "triton": info["triton"], "cuda_module": info["cuda_module"]["loaded"], "python": platform.python_version(),
-            "copy_bandwidth_GBps": round(bandwidth / 1e9, 1) if bandwidth else None}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "verify.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     cols = ["op", "B", "g", "V", "regime", "dtype", "backend", "us", "timing", "pct_min_bytes", "pct_nominal",
             "mean_accepted", "exact"]
-    lines = [f"# Verification ops ({meta['device']}, {meta['date']})", "", f"`{command}`", "",
-             f"torch {meta['torch']}, triton {meta['triton']}, copy bandwidth {meta['copy_bandwidth_GBps']} GB/s", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
-    (out / "verify.md").write_text("\n".join(lines) + "\n")
+    gbps = round(bandwidth / 1e9, 1) if bandwidth else None
+    write_report(rows, out, "verify", "Verification ops", cols, command, {"copy_bandwidth_GBps": gbps},
+                 f"copy bandwidth {gbps} GB/s")
 
 
 def main(argv=None) -> int:

@@ -25,6 +25,26 @@ def test_verify_bench_smoke(tmp_path):
     assert "| op | B | g |" in (tmp_path / "verify.md").read_text()
 
 
+def test_kv_compact_bench_smoke(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "bench/bench_kv_compact.py"), "--smoke", "--out", str(tmp_path)],
+                   check=True, capture_output=True, text=True)
+    result = json.loads((tmp_path / "kv_compact.json").read_text())
+    rows = result["rows"]
+    assert {row["backend"] for row in rows} >= {"index_select", "torch"}
+    assert all(row.get("exact", True) for row in rows)  # every backend left the caches as the reference did
+    assert any(row["moved_MB"] > 0 for row in rows) and {row["layout"] for row in rows} >= {"stacked"}
+    assert result["meta"]["command"].startswith("python ") and result["meta"]["date"]
+    assert "| B | N | layers |" in (tmp_path / "kv_compact.md").read_text()
+
+
+def test_kv_compact_pytest_benchmark_suite_runs_one_case():
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(ROOT / "bench/test_bench_kv_compact.py"), "--benchmark-disable", "-k",
+                           "B3-N8 and stacked and index_select"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+
+
 def test_pytest_benchmark_suite_collects_and_runs_one_case():
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "bench"),
                            "--benchmark-disable", "-k", "rejection_sample-B1-g1-V50-natural and torch and not tree and not logits"],

@@ -4,6 +4,7 @@ only picks a `cuda` backend when `_C` loads and the tensors are on a CUDA device
 """
 
 from . import greedy_verify  # noqa: F401
+from . import kv_compact  # noqa: F401
 from . import logit_verify  # noqa: F401
 from . import tree_verify  # noqa: F401
 from . import rejection_sample  # noqa: F401

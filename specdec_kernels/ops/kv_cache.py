@@ -62,13 +62,25 @@ def kv_compact(k_caches: list[Tensor], v_caches: list[Tensor], seq_lens: Tensor,
 
     Args:
         k_caches, v_caches: equal-length lists (one entry per layer) of [B, Hkv, S_max, D]
-            tensors, all of one dtype and device (modified in place).
+            tensors, all of one dtype (float32/float16/bfloat16) and device, last dim
+            contiguous, any other strides, no two sharing memory (modified in place).
         seq_lens: [B] int64/int32 lengths before the verify pass.
         accepted_nodes: [B, M] int64, increasing node indices padded with -1 (as a tree
             verify op returns them: the root 0 first, then the accepted nodes).
 
     Returns:
-        [B] new lengths (seq_lens + number of accepted entries, root included).
+        [B] new lengths (seq_lens + number of accepted entries, root included), in
+        seq_lens' dtype, computed on the device.
+
+    The triton and cuda backends move every layer's K and V in one launch, with no host
+    sync, and copy only the entries whose slot changes (not the root, nothing for a
+    chain-shaped path). Caches that are equally spaced views with equal strides (e.g. the
+    layers of one [L, B, Hkv, S_max, D] allocation) are addressed from two base pointers;
+    any other set goes through a small device table of addresses, cached per set of
+    tensors, so steady-state calls copy nothing to the device. CUDA graphs: a new table
+    cannot be uploaded during capture, so call the op once with the same cache tensors
+    before capturing (or use one allocation). On a GPU, values are not validated (that
+    would sync); rows whose slots fall outside [0, S_max) are skipped, never written.
     """
     op = "kv_compact"
     if not isinstance(k_caches, (list, tuple)) or not isinstance(v_caches, (list, tuple)) or len(k_caches) != len(v_caches):
@@ -85,6 +97,10 @@ def kv_compact(k_caches: list[Tensor], v_caches: list[Tensor], seq_lens: Tensor,
                          dtypes=(first.dtype,), device=seq_lens.device)
             if cache.shape != first.shape:
                 check.fail(op, f"`{name}[{layer}]` has shape {list(cache.shape)}, expected {list(first.shape)} like k_caches[0]")
+    if first is not None and first.numel() and not torch.compiler.is_compiling():  # parallel moves: no aliases
+        addresses = [cache.data_ptr() for cache in (*k_caches, *v_caches)]
+        if len(set(addresses)) != len(addresses):
+            check.fail(op, "`k_caches` and `v_caches` must be distinct tensors: two entries share memory")
     if check.can_inspect(accepted_nodes) and accepted_nodes.numel():
         valid = accepted_nodes >= 0
         increasing = (accepted_nodes[:, 1:] > accepted_nodes[:, :-1]) | ~valid[:, 1:]

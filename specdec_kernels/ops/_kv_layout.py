@@ -1,0 +1,129 @@
+"""Where every layer's K and V cache lives, for the one-launch `kv_compact` kernels.
+
+The caches arrive as Python lists of per-layer [B, Hkv, S_max, D] tensors, but a kernel
+that moves all layers in one launch needs every tensor's address and strides on the
+device. Two ways, picked per call:
+
+- fast path (no table): inside each of the K and the V lists, every tensor has the same
+  (b, h, s) strides and layer l starts exactly `step` elements after layer l - 1 (views
+  of one preallocated [L, B, Hkv, S_max, D] tensor, or of [L, 2, B, ...] / [2, L, B, ...],
+  all qualify). The kernel gets two base pointers, two steps and two stride triples as
+  plain arguments and computes every layer's address: nothing to upload, ever.
+- table path (anything else): a [2L, 4] int64 device table, one row per tensor (K layers
+  first, then V layers): (address in bytes, stride_b, stride_h, stride_s in elements).
+  Tables are cached, keyed by the device, the element size and every tensor's (address,
+  strides), so steady-state calls with the same cache tensors find their table and copy
+  nothing. A new table is uploaded from pinned host memory with a non-blocking copy on
+  the current stream (no host sync).
+
+The graph-capture rule: a pageable host-to-device copy cannot be captured, and a new
+table is not built during capture either. Call the op once with the same cache tensors
+before capturing (the usual warm-up), or use the fast path, which needs no table. A
+capture that meets an unknown set of separate tensors raises a RuntimeError saying so.
+Tables that a capture has used are kept for the life of the process (a graph replays
+their address); the others are evicted oldest first beyond MAX_TABLES.
+"""
+
+import collections
+import math
+from dataclasses import dataclass
+
+import torch
+
+MAX_TABLES = 64  # cached tables not used by a graph capture; older ones are evicted
+VECTOR_BYTES = 16  # the widest load/store the kernels issue
+
+_tables: "collections.OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]]" = collections.OrderedDict()
+_captured: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # never freed: a graph holds their address
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """How the kernels address the caches (see the module docstring).
+
+    table: [2L, 4] int64 on the caches' device, or None on the fast path.
+    k_step, v_step: elements from one layer's K (V) cache to the next (fast path).
+    k_strides, v_strides: (stride_b, stride_h, stride_s) in elements of every K (V) cache
+        (fast path).
+    vector_bytes: the largest power of two <= 16 that divides every address, every
+        stride and step in bytes and the row size D * element size: the widest aligned
+        access the kernels may use.
+    """
+
+    num_layers: int
+    table: torch.Tensor | None
+    k_step: int
+    v_step: int
+    k_strides: tuple[int, int, int]
+    v_strides: tuple[int, int, int]
+    vector_bytes: int
+
+
+def _uniform_group(caches: list[torch.Tensor]) -> tuple[int, tuple[int, int, int]] | None:
+    """(step, strides) when the layers are equally spaced with equal strides, else None."""
+    strides = caches[0].stride()[:3]
+    if any(c.stride()[:3] != strides for c in caches):
+        return None
+    elem = caches[0].element_size()
+    first = caches[0].data_ptr()
+    step_bytes = caches[1].data_ptr() - first if len(caches) > 1 else 0
+    if step_bytes % elem or any(c.data_ptr() - first != layer * step_bytes for layer, c in enumerate(caches)):
+        return None
+    return step_bytes // elem, strides
+
+
+def _vector_bytes(values_in_bytes) -> int:
+    common = 0
+    for value in values_in_bytes:
+        common = math.gcd(common, value)
+    common = math.gcd(common, VECTOR_BYTES)
+    return common & -common if common else VECTOR_BYTES  # largest power of two dividing it
+
+
+def _table(caches: list[torch.Tensor]) -> torch.Tensor:
+    device = caches[0].device
+    rows = tuple((c.data_ptr(), *c.stride()[:3]) for c in caches)
+    key = (device, caches[0].element_size(), rows)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    entry = _captured.get(key) or _tables.get(key)
+    if entry is None:
+        if capturing:
+            raise RuntimeError(
+                "kv_compact: these cache tensors are not views of one allocation with a constant layer stride, "
+                "so their addresses go to the GPU in a table, and a new table cannot be uploaded during CUDA "
+                "graph capture. Call kv_compact once with the same cache tensors before capturing (warm-up), "
+                "or allocate the caches as one [L, B, Hkv, S_max, D] tensor.")
+        host = torch.tensor(rows, dtype=torch.int64).reshape(len(caches), 4)
+        if device.type == "cuda":  # pinned + non_blocking: stream-ordered, no host sync
+            host = host.pin_memory()
+            entry = (host.to(device, non_blocking=True), host)  # keep the source alive with the table
+        else:  # CPU tensors (the Triton interpreter): the table is the host tensor itself
+            entry = (host, host)
+    if capturing:
+        _tables.pop(key, None)
+        _captured[key] = entry
+    elif key not in _captured:
+        _tables[key] = entry
+        _tables.move_to_end(key)
+        while len(_tables) > MAX_TABLES:
+            _tables.popitem(last=False)
+    return entry[0]
+
+
+def cache_layout(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> CacheLayout:
+    """The CacheLayout of validated caches (equal-length lists, equal shapes and dtype)."""
+    if not k_caches:
+        return CacheLayout(0, None, 0, 0, (0, 0, 0), (0, 0, 0), VECTOR_BYTES)
+    elem = k_caches[0].element_size()
+    k_group, v_group = _uniform_group(k_caches), _uniform_group(v_caches)
+    caches = [*k_caches, *v_caches]
+    row_bytes = k_caches[0].shape[-1] * elem
+    if k_group is not None and v_group is not None:
+        (k_step, k_strides), (v_step, v_strides) = k_group, v_group
+        vector = _vector_bytes([k_caches[0].data_ptr(), v_caches[0].data_ptr(), row_bytes,
+                                *(x * elem for x in (k_step, v_step, *k_strides, *v_strides))])
+        return CacheLayout(len(k_caches), None, k_step, v_step, k_strides, v_strides, vector)
+    vector = _vector_bytes([row_bytes, *(c.data_ptr() for c in caches),
+                            *(x * elem for c in caches for x in c.stride()[:3])])
+    return CacheLayout(len(k_caches), _table(caches), 0, 0, (0, 0, 0), (0, 0, 0), vector)
+
