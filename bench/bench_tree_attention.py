@@ -54,7 +54,7 @@ from pathlib import Path  # noqa: E402
 
 import torch.nn.functional as F  # noqa: E402
 
-import bench_verify as bv  # noqa: E402  (copy bandwidth, CUDA-graph capture, CPU timing)
+import bench_verify as bv  # noqa: E402  (copy bandwidth, CUDA-graph capture, CPU timing, tables)
 from specdec_kernels import build_info, ops, reference  # noqa: E402
 from specdec_kernels.reference.attention import paged_from_contiguous  # noqa: E402
 
@@ -340,9 +340,7 @@ def write_results(rows: list[dict], out: Path, command: str, copy_bw: float | No
              f"torch {meta['torch']}, triton {meta['triton']}, CUDA {meta['cuda']}, python {meta['python']}; "
              f"copy bandwidth {meta['copy_bandwidth_GBps']} GB/s, nominal HBM {meta['nominal_hbm_GBps']} GB/s, "
              f"tensor-core peak {meta['tensor_core_peak_TFLOPs']} TFLOP/s", ""]
-    lines += target_summary(rows)
-    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    lines += target_summary(rows) + bv.markdown_table(cols, rows)
     (out / "tree_attention.md").write_text("\n".join(lines) + "\n")
 
 

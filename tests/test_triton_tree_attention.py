@@ -17,23 +17,9 @@ from specdec_kernels.reference.attention import paged_from_contiguous
 from specdec_kernels.triton import tree_attention as triton_module
 
 import oracles
+from test_triton_tree_verify import random_parents
 
 dtype_id = lambda d: str(d).replace("torch.", "")  # noqa: E731
-
-
-def random_parents(gen, batch, n, unused_frac=0.2):
-    """Random topological trees per row; some slots i > 0 unused (-1), never a parent."""
-    rows = []
-    for _ in range(batch):
-        parents, used = [-1], [0]
-        for i in range(1, n):
-            if float(torch.rand((), generator=gen)) < unused_frac:
-                parents.append(-1)
-                continue
-            parents.append(used[int(torch.randint(0, len(used), (), generator=gen))])
-            used.append(i)
-        rows.append(parents)
-    return torch.tensor(rows, dtype=torch.int64)
 
 
 def make_case(seq_lens, n, hq, hkv, d, dtype, *, layout="contiguous", page_size=4, tree=True, spare=0, seed=0):
@@ -58,7 +44,7 @@ def make_case(seq_lens, n, hq, hkv, d, dtype, *, layout="contiguous", page_size=
         block_table = block_table.masked_fill(unread, -1)  # entries past a row's last page are never read
         if layout == "hnd":  # an HND pool [P, Hkv, page_size, D] passed as .transpose(1, 2)
             caches = [c.transpose(1, 2).contiguous().transpose(1, 2) for c in caches]
-    parents = random_parents(gen, batch, n) if tree else None
+    parents = torch.tensor([random_parents(gen, n) for _ in range(batch)]) if tree else None
     return dict(q=q, k_cache=caches[0], v_cache=caches[1], seq_lens=seq_lens, parents=parents,
                 block_table=block_table)
 

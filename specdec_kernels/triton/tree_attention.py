@@ -31,8 +31,14 @@ outside [0, node) reads as none, so no address is ever out of bounds.
 
 Paged pools [num_pages, page_size, Hkv, D] look up a page per key (one scalar per tile
 when page_size is a multiple of BLOCK_N). fp32 inputs use IEEE fp32 dots (no TF32), so
-they match the float32 reference to float32 rounding; fp16/bf16 feed the tensor cores
-with fp32 accumulation and round the probabilities to the input dtype for the P @ V dot.
+they match the float32 reference to float32 rounding (a correctness path: on a GPU those
+dots run on the FMA units and spill registers); fp16/bf16 feed the tensor cores with fp32
+accumulation and round the probabilities to the input dtype for the P @ V dot.
+
+`plan()` returns a call's launches without running them, so tests can also compile them
+for sm_80 / sm_90 on a machine without a GPU (tests/triton_target_compile.py): the 16-bit
+tiles compile without spills, with a cp.async-pipelined KV loop, and (128-row tiles on
+sm_90) warp-group MMAs. Tile sizes and the split count are not tuned on a GPU yet.
 """
 
 import functools
@@ -49,7 +55,7 @@ LOG2E = 1.4426950408889634
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # lse is reported in natural log
 MIN_TILES_PER_SPLIT = 4  # a split streams at least this many BLOCK_N tiles of prefix
 MAX_SPLITS = 64
-PROGRAMS_PER_SM = 2  # aim for about this many split programs per SM (the rest is occupancy)
+PROGRAMS_PER_SM = 2  # program slots per SM the split count fills (the 16-bit tiles compile to 1-2 resident per SM)
 INTERPRETER_SMS = 4  # a stand-in SM count on the CPU, small enough that tests see several splits
 MERGE_BLOCK_R = 16  # rows per program of the merge kernel
 
@@ -263,30 +269,47 @@ def _sms(device: torch.device) -> int:
 
 
 def _tile_config(m_rows: int, head_dim: int, dtype: torch.dtype) -> dict:
-    """Tile sizes and launch options from static shapes (not tuned on a GPU yet)."""
-    wide = dtype == torch.float32 or head_dim > 128  # fewer rows / keys per tile to fit the registers
+    """Tile sizes and launch options from static shapes. Checked by compiling for sm_90 /
+    sm_80 without spills (16-bit inputs, D <= 128); timing on a GPU is still owed."""
     block_d = max(16, triton.next_power_of_2(head_dim))
-    block_m = min(max(16, triton.next_power_of_2(m_rows)), 64 if wide else 128)
-    block_n = 32 if wide else 64
+    if dtype == torch.float32:  # IEEE fp32 dots run on the FMA units: small tiles keep them in registers
+        block_m = min(max(16, triton.next_power_of_2(m_rows)), 32)
+        return dict(BLOCK_M=block_m, BLOCK_N=32, BLOCK_D=block_d, num_warps=8 if block_d >= 128 else 4,
+                    num_stages=2)
+    block_m = min(max(16, triton.next_power_of_2(m_rows)), 64 if head_dim > 128 else 128)
+    block_n = 32 if head_dim > 128 else 64
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=8 if block_m >= 128 else 4,
                 num_stages=2 if block_m >= 128 else 3)
 
 
 def num_splits_for(programs: int, max_prefix: int, block_n: int, device: torch.device) -> int:
-    """Prefix splits per (row, KV head, M block): enough programs for the SMs, each split
-    at least MIN_TILES_PER_SPLIT tiles of the longest possible prefix; static shapes only."""
-    wanted = triton.cdiv(PROGRAMS_PER_SM * _sms(device), max(programs, 1))
+    """Prefix splits per (row, KV head, M block), from static shapes only: as many as fit
+    the GPU's program slots (PROGRAMS_PER_SM per SM) without starting a partial extra wave
+    (splits are equal in work, so a wave of 1.2 slots' worth would cost two), each split at
+    least MIN_TILES_PER_SPLIT tiles of the longest possible prefix."""
+    wanted = PROGRAMS_PER_SM * _sms(device) // max(programs, 1)
     most = triton.cdiv(max(max_prefix, 1), MIN_TILES_PER_SPLIT * block_n)
     return max(1, min(wanted, most, MAX_SPLITS))
 
 
-def tree_attention(q, k_cache, v_cache, seq_lens, parents, block_table, *, sm_scale: float,
-                   num_splits: int | None = None, block_m: int | None = None, block_n: int | None = None):
+def tree_attention(q, k_cache, v_cache, seq_lens, parents, block_table, *, sm_scale: float, **overrides):
     """Triton `tree_attention` on validated inputs (see specdec_kernels.ops.tree_attention).
 
-    num_splits, block_m, block_n override the static choices (tests use them to force
-    several splits and M blocks at small shapes).
+    overrides (num_splits, block_m, block_n) replace the static choices: tests use them to
+    force several splits and M blocks at small shapes.
     """
+    out, lse, launches = plan(q, k_cache, v_cache, seq_lens, parents, block_table, sm_scale=sm_scale, **overrides)
+    with device_scope(q.device):
+        for kernel, grid, args, meta in launches:
+            kernel[grid](*args, **meta)
+    return out, lse
+
+
+def plan(q, k_cache, v_cache, seq_lens, parents, block_table, *, sm_scale: float, num_splits: int | None = None,
+         block_m: int | None = None, block_n: int | None = None):
+    """(out, lse, launches): the outputs and workspace allocated, and every kernel launch of
+    the call as (kernel, grid, positional args, keyword meta-parameters). Launching them in
+    order computes the op; tests also compile them for a GPU target without a GPU."""
     batch, n, hq, head_dim = q.shape
     paged = block_table is not None
     hkv = k_cache.shape[2] if paged else k_cache.shape[1]
@@ -294,7 +317,7 @@ def tree_attention(q, k_cache, v_cache, seq_lens, parents, block_table, *, sm_sc
     out = torch.empty_like(q)
     lse = torch.empty(batch, n, hq, dtype=torch.float32, device=q.device)
     if batch == 0 or n == 0:
-        return out, lse
+        return out, lse, []
     m_rows = n * group
     cfg = _tile_config(m_rows, head_dim, q.dtype)
     if block_m is not None:
@@ -323,25 +346,23 @@ def tree_attention(q, k_cache, v_cache, seq_lens, parents, block_table, *, sm_sc
     else:
         part_o = torch.empty(batch * hkv * num_splits * m_rows * head_dim, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(batch * hkv * num_splits * 2 * m_rows, dtype=torch.float32, device=q.device)
-    block_t = max(16, triton.next_power_of_2(n))
-    doublings = math.ceil(math.log2(n - 1)) if n > 2 else 1
     tree = parents is not None
     out_strides = (out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2))
-    with device_scope(q.device):
-        _split_kernel[(m_blocks, num_splits, batch * hkv)](
-            q, k_cache, v_cache, seq_lens, parents if tree else seq_lens, table, out, lse, part_o, part_ml,
-            n, group, hkv, capacity, num_pages, num_splits, sm_scale * LOG2E,
-            q.stride(0), q.stride(1), q.stride(2), outer[0], head_strides[0], pos_strides[0],
-            outer[1], head_strides[1], pos_strides[1], parents.stride(0) if tree else 0, stride_tb, *out_strides,
-            HEAD_DIM=head_dim, BLOCK_T=block_t, DOUBLINGS=doublings, PAGE_SIZE=page_size,
-            ONE_PAGE=page_size > 0 and page_size % cfg["BLOCK_N"] == 0, TREE=tree,  # a prefix tile never spans pages
-            DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            UPCAST=q.dtype == torch.bfloat16 and q.device.type != "cuda", **cfg)
-        if not direct:
-            _merge_kernel[(triton.cdiv(m_rows, MERGE_BLOCK_R), batch * hkv)](
-                part_o, part_ml, out, lse, n, group, hkv, num_splits, *out_strides,
-                HEAD_DIM=head_dim, BLOCK_R=MERGE_BLOCK_R, BLOCK_D=cfg["BLOCK_D"])
-    return out, lse
+    split_args = (q, k_cache, v_cache, seq_lens, parents if tree else seq_lens, table, out, lse, part_o, part_ml,
+                  n, group, hkv, capacity, num_pages, num_splits, sm_scale * LOG2E,
+                  q.stride(0), q.stride(1), q.stride(2), outer[0], head_strides[0], pos_strides[0],
+                  outer[1], head_strides[1], pos_strides[1], parents.stride(0) if tree else 0, stride_tb, *out_strides)
+    split_meta = dict(HEAD_DIM=head_dim, BLOCK_T=max(16, triton.next_power_of_2(n)),
+                      DOUBLINGS=math.ceil(math.log2(n - 1)) if n > 2 else 1, PAGE_SIZE=page_size,
+                      ONE_PAGE=page_size > 0 and page_size % cfg["BLOCK_N"] == 0,  # a prefix tile never spans pages
+                      TREE=tree, DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                      UPCAST=q.dtype == torch.bfloat16 and q.device.type != "cuda", **cfg)
+    launches = [(_split_kernel, (m_blocks, num_splits, batch * hkv), split_args, split_meta)]
+    if not direct:
+        launches.append((_merge_kernel, (triton.cdiv(m_rows, MERGE_BLOCK_R), batch * hkv),
+                         (part_o, part_ml, out, lse, n, group, hkv, num_splits, *out_strides),
+                         dict(HEAD_DIM=head_dim, BLOCK_R=MERGE_BLOCK_R, BLOCK_D=cfg["BLOCK_D"])))
+    return out, lse, launches
 
 
 register("tree_attention", "triton", tree_attention)
