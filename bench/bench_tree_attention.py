@@ -46,16 +46,15 @@ import functools  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-import platform  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from datetime import date  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch.nn.functional as F  # noqa: E402
 
-import bench_verify as bv  # noqa: E402  (copy bandwidth, CUDA-graph capture, CPU timing, tables)
-from specdec_kernels import build_info, ops, reference  # noqa: E402
+import bench_verify as bv  # noqa: E402  (copy bandwidth, CUDA-graph capture, CPU timing)
+from _report import write_report  # noqa: E402  (bench/ is on sys.path: script dir or pytest rootdir)
+from specdec_kernels import ops, reference  # noqa: E402
 from specdec_kernels.reference.attention import paged_from_contiguous  # noqa: E402
 
 FULL = {"B": (1, 8, 32), "P": (512, 4096, 32768), "N": (8, 32, 64), "heads": (32, 8), "D": 128}
@@ -323,25 +322,19 @@ def target_summary(rows: list[dict]) -> list[str]:
 
 
 def write_results(rows: list[dict], out: Path, command: str, copy_bw: float | None, device: torch.device) -> None:
-    info = build_info()
+    """tree_attention.json / .md (bench/_report.py), then the targets section appended to the markdown."""
     nominal_bw, tc_peak = device_peaks(device)
-    meta = {"date": date.today().isoformat(), "device": info["device"], "command": command, "torch": info["torch"],
-            "triton": info["triton"], "cuda": torch.version.cuda, "cuda_module": info["cuda_module"]["loaded"],
-            "python": platform.python_version(),
-            "copy_bandwidth_GBps": round(copy_bw / 1e9, 1) if copy_bw else None,
-            "nominal_hbm_GBps": round(nominal_bw / 1e9) if nominal_bw else None,
-            "tensor_core_peak_TFLOPs": round(tc_peak / 1e12) if tc_peak else None}
+    extra = {"cuda": torch.version.cuda, "copy_bandwidth_GBps": round(copy_bw / 1e9, 1) if copy_bw else None,
+             "nominal_hbm_GBps": round(nominal_bw / 1e9) if nominal_bw else None,
+             "tensor_core_peak_TFLOPs": round(tc_peak / 1e12) if tc_peak else None}
     speedups(rows)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tree_attention.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     cols = ["B", "P", "N", "prefix", "tree", "layout", "impl", "us", "timing", "pct_hbm", "pct_copy_bw", "pct_tc",
             "vs_sdpa", "vs_flex", "kv_MiB", "max_err", "ok", "compile_s", "error"]
-    lines = [f"# tree_attention ({meta['device']}, {meta['date']})", "", f"`{command}`", "",
-             f"torch {meta['torch']}, triton {meta['triton']}, CUDA {meta['cuda']}, python {meta['python']}; "
-             f"copy bandwidth {meta['copy_bandwidth_GBps']} GB/s, nominal HBM {meta['nominal_hbm_GBps']} GB/s, "
-             f"tensor-core peak {meta['tensor_core_peak_TFLOPs']} TFLOP/s", ""]
-    lines += target_summary(rows) + bv.markdown_table(cols, rows)
-    (out / "tree_attention.md").write_text("\n".join(lines) + "\n")
+    note = (f"CUDA {extra['cuda']}; copy bandwidth {extra['copy_bandwidth_GBps']} GB/s, nominal HBM "
+            f"{extra['nominal_hbm_GBps']} GB/s, tensor-core peak {extra['tensor_core_peak_TFLOPs']} TFLOP/s")
+    write_report(rows, out, "tree_attention", "tree_attention", cols, command, extra, note)
+    with open(out / "tree_attention.md", "a") as md:
+        md.write("\n" + "\n".join(target_summary(rows)))
 
 
 def main(argv=None) -> int:

@@ -295,14 +295,10 @@ def write_results(rows: list[dict], out: Path, command: str, bandwidth: float | 
     cols = ["op", "B", "g", "V", "regime", "dtype", "backend", "us", "timing", "pct_min_bytes", "pct_nominal",
             "mean_accepted", "exact"]
     lines = [f"# Verification ops ({meta['device']}, {meta['date']})", "", f"`{command}`", "",
-             f"torch {meta['torch']}, triton {meta['triton']}, copy bandwidth {meta['copy_bandwidth_GBps']} GB/s", ""]
-    (out / "verify.md").write_text("\n".join(lines + markdown_table(cols, rows)) + "\n")
-
-
-def markdown_table(cols: list[str], rows: list[dict]) -> list[str]:
-    """The lines of a markdown table of `rows` (dicts) over `cols`; a missing entry is blank."""
-    return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-            + ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows])
+             f"torch {meta['torch']}, triton {meta['triton']}, copy bandwidth {meta['copy_bandwidth_GBps']} GB/s", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    (out / "verify.md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv=None) -> int:
