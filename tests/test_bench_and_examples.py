@@ -25,6 +25,14 @@ def test_verify_bench_smoke(tmp_path):
     assert "| op | B | g |" in (tmp_path / "verify.md").read_text()
 
 
+def test_pytest_benchmark_suite_collects_and_runs_one_case():
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "bench"),
+                           "--benchmark-disable", "-k", "rejection_sample-B1-g1-V50-natural and torch and not tree and not logits"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+
+
 def test_tree_attention_bench_smoke(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "bench/bench_tree_attention.py"), "--smoke", "--out", str(tmp_path)],
                    check=True, capture_output=True, text=True)
@@ -37,14 +45,6 @@ def test_tree_attention_bench_smoke(tmp_path):
     assert all(row["ok"] and row["us"] > 0 for row in rows)  # every implementation passed the correctness gate
     assert not any(row["impl"] in ("sdpa", "flex") and row["layout"] == "paged" for row in rows)
     assert "| B | P | N |" in (tmp_path / "tree_attention.md").read_text()
-
-
-def test_pytest_benchmark_suite_collects_and_runs_one_case():
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "bench"),
-                           "--benchmark-disable", "-k", "rejection_sample-B1-g1-V50-natural and torch and not tree and not logits"],
-                          capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 passed" in done.stdout
 
 
 def test_ops_example_runs():
