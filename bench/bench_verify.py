@@ -221,8 +221,8 @@ def time_eager(fn, device: torch.device, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def time_graph(fn, repeats: int) -> float | None:
-    """Median microseconds of one call replayed from a CUDA graph, or None if not capturable."""
+def capture_graph(fn):
+    """A CUDA graph of one call of fn (warmed up on a side stream first), or None if not capturable."""
     try:
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
@@ -234,7 +234,13 @@ def time_graph(fn, repeats: int) -> float | None:
     except Exception:  # noqa: BLE001 - any capture failure means "time it eagerly"
         torch.cuda.synchronize()
         return None
-    return time_eager(graph.replay, torch.device("cuda"), repeats)
+    return graph
+
+
+def time_graph(fn, repeats: int) -> float | None:
+    """Median microseconds of one call replayed from a CUDA graph, or None if not capturable."""
+    graph = capture_graph(fn)
+    return None if graph is None else time_eager(graph.replay, torch.device("cuda"), repeats)
 
 
 def measure(case: Case, backend: str, repeats: int, bandwidth: float | None) -> dict:

@@ -183,3 +183,46 @@ def tree_attention_node(q_heads, keys, values, scale):
         lses.append(m + math.log(z))
         out.append([sum(e * v[d] for e, v in zip(exps, values[kv])) / z for d in range(len(q_heads[h]))])
     return out, lses
+
+
+def root_to_node_path(parents_row, node) -> list[int]:
+    """The nodes on the way from the root to `node`, in increasing order; parents_row None
+    is a chain (every earlier node)."""
+    if parents_row is None:
+        return list(range(node + 1))
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents_row[node] if node > 0 else -1
+    return sorted(path)
+
+
+def cache_vectors(cache, b, positions, block_table=None):
+    """[Hkv][len(positions)][D] floats of row b at logical `positions`, one lookup each:
+    cache [B, Hkv, S_max, D] when block_table is None, else a page pool
+    [num_pages, page_size, Hkv, D] with position s at page block_table[b][s // page_size],
+    slot s % page_size."""
+    if block_table is None:
+        return [[cache[b, h, s].double().tolist() for s in positions] for h in range(cache.shape[1])]
+    page_size = cache.shape[1]
+    return [[cache[int(block_table[b][s // page_size]), s % page_size, h].double().tolist() for s in positions]
+            for h in range(cache.shape[2])]
+
+
+def tree_attention(q, k_cache, v_cache, seq_lens, parents, block_table, scale):
+    """Branch equivalence: node i of row b is ordinary attention over the prefix plus its
+    own root-to-node path. Returns (out [B][N][Hq][D], lse [B][N][Hq]) float64 lists."""
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        prefix = int(seq_lens[b])
+        row_out, row_lse = [], []
+        for i in range(q.shape[1]):
+            path = root_to_node_path(None if parents is None else parents[b].tolist(), i)
+            visible = list(range(prefix)) + [prefix + j for j in path]
+            out, lse = tree_attention_node(q[b, i].double().tolist(), cache_vectors(k_cache, b, visible, block_table),
+                                           cache_vectors(v_cache, b, visible, block_table), scale)
+            row_out.append(out)
+            row_lse.append(lse)
+        outs.append(row_out)
+        lses.append(row_lse)
+    return outs, lses

@@ -53,6 +53,20 @@ def test_pytest_benchmark_suite_collects_and_runs_one_case():
     assert "1 passed" in done.stdout
 
 
+def test_tree_attention_bench_smoke(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "bench/bench_tree_attention.py"), "--smoke", "--out", str(tmp_path)],
+                   check=True, capture_output=True, text=True)
+    result = json.loads((tmp_path / "tree_attention.json").read_text())
+    rows = result["rows"]
+    assert {"date", "device", "command", "torch", "triton"} <= set(result["meta"])
+    assert {row["impl"] for row in rows} >= {"torch", "sdpa", "flex"}
+    assert {(row["tree"], row["layout"], row["prefix"]) for row in rows} == {
+        (t, lay, p) for t in ("chain", "tree") for lay in ("contiguous", "paged") for p in ("uniform", "ragged")}
+    assert all(row["ok"] and row["us"] > 0 for row in rows)  # every implementation passed the correctness gate
+    assert not any(row["impl"] in ("sdpa", "flex") and row["layout"] == "paged" for row in rows)
+    assert "| B | P | N |" in (tmp_path / "tree_attention.md").read_text()
+
+
 def test_ops_example_runs():
     done = subprocess.run([sys.executable, str(ROOT / "python/ops_as_backend.py")], check=True, capture_output=True,
                           text=True)

@@ -54,9 +54,12 @@ def _opcheck_cases():
         ("tree_rejection_sample", "seed", (_probs(g, B, 4, V), _probs(g, B, 4, V), tree_tokens, parents, 2,
                                            None, 3, None, torch.tensor([4, 9]), "torch")),
         ("tree_attention", "tree", (torch.randn(B, 4, 4, 8, generator=g), *caches(), torch.tensor([3, 6]), parents,
-                                    0.3, "torch")),
+                                    None, 0.3, "torch")),
         ("tree_attention", "chain", (torch.randn(B, 4, 2, 8, generator=g), *caches(), torch.tensor([0, 6], dtype=torch.int32),
-                                     None, 0.35, "torch")),
+                                     None, None, 0.35, "torch")),
+        ("tree_attention", "paged", (torch.randn(B, 4, 4, 8, generator=g), *[torch.randn(7, 3, 2, 8, generator=g)
+                                                                              for _ in range(2)],
+                                     torch.tensor([3, 5]), parents, torch.tensor([[6, 0, 2], [1, 4, 3]]), 0.3, "torch")),
         ("kv_rollback", "", (torch.tensor([3, 6], dtype=torch.int32), torch.tensor([1, 0]), "torch")),
         # kv_compact mutates k_caches / v_caches in place: opcheck verifies the declared mutates_args.
         ("kv_compact", "", (caches(), caches(), torch.tensor([3, 6]), torch.tensor([[0, 1, 3], [0, 2, -1]]), "torch")),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specdec_kernels import ops, reference
+from specdec_kernels.reference.attention import paged_from_contiguous, row_kv
 
 import oracles
 
@@ -240,31 +241,35 @@ def test_chain_shaped_tree_reproduces_chain_ops():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("use_tree", [False, True])
-def test_tree_attention_matches_per_node_loop(dtype, use_tree):
+@pytest.mark.parametrize("page_size", [None, 1, 5], ids=["contiguous", "paged1", "paged5"])
+def test_tree_attention_matches_per_node_loop(dtype, use_tree, page_size):
     gen = torch.Generator().manual_seed(1)
     batch, n, hq, hkv, d, s_max = 3, 6, 4, 2, 8, 24
     q = torch.randn(batch, n, hq, d, generator=gen).to(dtype)
     k = torch.randn(batch, hkv, s_max, d, generator=gen).to(dtype)
     v = torch.randn(batch, hkv, s_max, d, generator=gen).to(dtype)
+    block_table = None
+    if page_size is not None:
+        k, block_table = paged_from_contiguous(k, page_size, generator=torch.Generator().manual_seed(2), spare_pages=2)
+        v, _ = paged_from_contiguous(v, page_size, generator=torch.Generator().manual_seed(2), spare_pages=2)
     seq_lens = torch.tensor([0, 5, 17])
     parents = torch.tensor([random_tree(gen, n) for _ in range(batch)]) if use_tree else None
-    out, lse = ops.tree_attention(q, k, v, seq_lens, parents, backend="torch")
-    scale = 1 / math.sqrt(d)
-    for b in range(batch):
-        chain = list(range(-1, n - 1))
-        par = parents[b].tolist() if use_tree else chain
-        for i in range(n):
-            path, node = [], i
-            while node >= 0:  # root-to-node path, built independently of the op's mask
-                path.append(node)
-                node = par[node]
-            visible = list(range(int(seq_lens[b]))) + [int(seq_lens[b]) + j for j in sorted(path)]
-            keys = [[k[b, h, pos].double().tolist() for pos in visible] for h in range(hkv)]
-            values = [[v[b, h, pos].double().tolist() for pos in visible] for h in range(hkv)]
-            want_out, want_lse = oracles.tree_attention_node(q[b, i].double().tolist(), keys, values, scale)
-            tol = 1e-5 if dtype == torch.float32 else 2e-2
-            assert torch.allclose(out[b, i].double(), torch.tensor(want_out, dtype=torch.float64), atol=tol, rtol=tol)
-            assert torch.allclose(lse[b, i].double(), torch.tensor(want_lse, dtype=torch.float64), atol=1e-5, rtol=1e-5)
+    out, lse = ops.tree_attention(q, k, v, seq_lens, parents, block_table=block_table, backend="torch")
+    want_out, want_lse = oracles.tree_attention(q, k, v, seq_lens, parents, block_table, 1 / math.sqrt(d))
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(out.double(), torch.tensor(want_out, dtype=torch.float64), atol=tol, rtol=tol)
+    assert torch.allclose(lse.double(), torch.tensor(want_lse, dtype=torch.float64), atol=1e-5, rtol=1e-5)
+
+
+def test_paged_from_contiguous_round_trips():
+    gen = torch.Generator().manual_seed(3)
+    cache = torch.randn(3, 2, 11, 4, generator=gen)
+    pool, block_table = paged_from_contiguous(cache, 4, generator=gen, spare_pages=3)
+    assert pool.shape == (3 * 3 + 3, 4, 2, 4) and block_table.shape == (3, 3) and block_table.dtype == torch.int32
+    assert len(set(block_table.flatten().tolist())) == 9  # every page used once
+    for b in range(3):
+        assert torch.equal(row_kv(pool, b, 11, block_table), cache[b])
+    assert bool(pool[block_table[0, 2].long(), 3:].isnan().all())  # slots past S_max are never filled
 
 
 def test_kv_rollback_and_compact():

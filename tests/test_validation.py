@@ -57,6 +57,15 @@ def lens(*values, dtype=torch.int64):
     return torch.tensor(values, dtype=dtype)
 
 
+def pages(rows=((5, 0, 2), (1, 4, 3)), dtype=torch.int64):
+    return torch.tensor(rows, dtype=dtype)
+
+
+def paged(**overrides):
+    """A valid paged tree_attention call (6 pages of 4 slots, 3 pages per row), then `overrides`."""
+    return {"k_cache": randn(6, 4, HKV, D), "v_cache": randn(6, 4, HKV, D), "block_table": pages(), **overrides}
+
+
 # A valid call of each op, as keyword arguments (built fresh for every test).
 VALID = {
     "rejection_sample": lambda: dict(target_probs=probs(B, G + 1, V), draft_probs=probs(B, G, V),
@@ -262,6 +271,27 @@ CASES = [
     case("tree_attention", "root-parent", VE, r"parents\[:, 0\]", parents=tree(((-1, 0, 0, 1), (0, 0, 1, -1)))),
     case("tree_attention", "child-of-unused", VE, r"parents\[0, 3\].*unused slot", parents=tree(((-1, -1, 0, 1), PARENTS[1]))),
     case("tree_attention", "sm_scale-nan", VE, r"sm_scale.*real number", sm_scale=NAN),
+    case("tree_attention", "paged-k_cache-rank", VE, r"k_cache.*shape \[num_pages, page_size, Hkv, 8\]",
+         **paged(k_cache=randn(6, 4 * HKV, D))),
+    case("tree_attention", "paged-v_cache-shape", VE, r"v_cache.*shape \[6, 4, 2, 8\]", **paged(v_cache=randn(6, 4, 1, D))),
+    case("tree_attention", "paged-v_cache-dtype", TE, r"v_cache.*dtype float32",
+         **paged(v_cache=randn(6, 4, HKV, D, dtype=torch.float16))),
+    case("tree_attention", "paged-D", VE, r"k_cache.*shape", **paged(k_cache=randn(6, 4, HKV, D + 1))),
+    case("tree_attention", "paged-gqa", VE, r"Hq=4 .*multiple of .*Hkv=3",
+         **paged(k_cache=randn(6, 4, 3, D), v_cache=randn(6, 4, 3, D))),
+    case("tree_attention", "paged-no-pages", VE, r"at least one page",
+         **paged(k_cache=randn(0, 4, HKV, D), v_cache=randn(0, 4, HKV, D))),
+    case("tree_attention", "block_table-shape", VE, r"block_table.*shape \[2, max_pages\]", **paged(block_table=pages()[0])),
+    case("tree_attention", "block_table-float", TE, r"block_table.*dtype int32 or int64", **paged(block_table=pages().float())),
+    case("tree_attention", "block_table-device", VE, r"block_table.*must be on cpu",
+         **paged(block_table=torch.empty(B, 3, dtype=torch.int64, device="meta"))),
+    case("tree_attention", "paged-capacity", VE, r"seq_lens.*max_pages \* page_size = 3 \* 4",
+         **paged(seq_lens=lens(3, 12 - N + 1))),
+    case("tree_attention", "page-id>=num_pages", VE, r"block_table\[1, 2\]. = 6 .*\[0, 6\)",
+         **paged(block_table=pages(((0, 1, 2), (3, 4, 6))))),
+    case("tree_attention", "page-id<0", VE, r"block_table\[0, 1\]. = -1", **paged(block_table=pages(((0, -1, 2), (3, 4, 5))))),
+    case("tree_attention", "capacity<N", VE, r"S_max=3 positions per row, fewer than the N=4",
+         k_cache=randn(B, HKV, 3, D), v_cache=randn(B, HKV, 3, D), seq_lens=lens(0, 0)),
     # ------------------------------------------------------------------ kv_rollback
     case("kv_rollback", "seq_lens-rank", VE, r"seq_lens.*shape \[B\]", seq_lens=ids(B, 1)),
     case("kv_rollback", "num_accepted-shape", VE, r"num_accepted.*shape \[2\]", num_accepted=lens(0, 0, 0)),
@@ -416,6 +446,9 @@ EDGE_CASES = [
     ("tree_attention", dict(seq_lens=lens(0, S_MAX - N, dtype=torch.int32))),  # seq_lens + N == S_max
     ("tree_attention", dict(parents=None, sm_scale=0.5)),
     ("tree_attention", dict(q=randn(B, N, HKV, D))),  # Hq == Hkv
+    ("tree_attention", paged(seq_lens=lens(0, 12 - N, dtype=torch.int32), block_table=pages(dtype=torch.int32))),
+    ("tree_attention", paged(seq_lens=lens(0, 2), block_table=pages(((5, -1, 99), (1, 4, -7))))),  # unread entries
+    ("tree_attention", paged(k_cache=randn(6, HKV, 4, D).transpose(1, 2), v_cache=randn(6, HKV, 4, D).transpose(1, 2))),
     ("kv_rollback", dict(seq_lens=lens(3, 6, dtype=torch.int32))),
     ("kv_compact", dict(accepted_nodes=tree(((0, -1, -1), (0, 1, 2))), seq_lens=lens(0, 7))),
     ("kv_compact", dict(k_caches=[], v_caches=[])),

@@ -10,6 +10,7 @@ try:
     from . import logit_verify  # noqa: F401  (greedy_verify, relaxed_verify, bild_verify, max_prob)
     from . import rejection_sample  # noqa: F401  (rejection_sample)
     from . import rejection_sample_logits  # noqa: F401  (rejection_sample_logits)
+    from . import tree_attention  # noqa: F401  (tree_attention)
     from . import tree_verify  # noqa: F401  (tree_greedy_verify, tree_rejection_sample)
 except ImportError as _error:  # triton not installed
     IMPORT_ERROR: ImportError | None = _error

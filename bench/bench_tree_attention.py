@@ -1,0 +1,378 @@
+"""Microbenchmark of tree_attention: our kernels against PyTorch SDPA and FlexAttention.
+
+Grid: B x prefix P x draft nodes N (full: {1, 8, 32} x {512, 4096, 32768} x {8, 32, 64}),
+Hq 32 / Hkv 8, D 128, bf16; prefixes uniform (every row P) or ragged (row b uniform in
+[P/2, P], fixed seed); a causal chain or a random tree per row (parent of node i uniform
+in [0, i), a different tree per row); contiguous KV [B, Hkv, S, D] or a paged pool (page
+size 16, pages in random order). Implementations:
+- ours: every backend of `ops.tree_attention` that runs here except the torch reference
+  (which is the correctness gate; it is timed only on the CPU);
+- `sdpa`: F.scaled_dot_product_attention with a dense boolean mask [B, 1, N, max P + N]
+  and enable_gqa (the default dispatch; the mask is built outside the timed call);
+- `flex`: torch.compile(flex_attention) with create_block_mask (prefix | ancestor
+  lookup), built outside the timed call, dynamo recompile limit raised; a compile or
+  lowering failure is a result row (`error`), not a skipped case; `compile_s` is its
+  block mask + compile + first call.
+SDPA and Flex take no page table: they run on the contiguous cases only.
+
+Every implementation is first checked against the torch reference (max abs error of out
+<= 8e-3 for 16-bit inputs, 1e-4 for fp32; ours also lse); a failing one is not timed.
+
+Reported per call: median microseconds (CUDA-graph replay when the call can be captured,
+L2 flushed before every replay: triton.testing.do_bench), percent of nominal HBM
+bandwidth and of a measured device copy's bandwidth (bytes read + written per second of
+a 256 MiB copy) for the KV bytes the call must read, sum_b (P_b + N) * Hkv * D * 2 *
+bytes, and percent of the dense 16-bit tensor-core peak for 4 * Hq * D * sum_b N (P_b + N)
+flops. The markdown ends with the issue's targets at B >= 8, P >= 4096, N <= 32.
+
+    python bench/bench_tree_attention.py --out bench/results                 # GPU: the whole grid (long)
+    python bench/bench_tree_attention.py --batch 8 --prefix 4096 --out /tmp/b # a slice
+    python bench/bench_tree_attention.py --impls triton sdpa --layouts contiguous --trees tree --out /tmp/b
+    python bench/bench_tree_attention.py --smoke --out /tmp/b                 # tiny shapes on the CPU (CI)
+    pytest bench/test_bench_tree_attention.py --benchmark-only                # pytest-benchmark suite
+"""
+
+import os
+import sys
+
+import torch
+
+if __name__ == "__main__" and not torch.cuda.is_available():
+    # the Triton backend runs on CPU tensors under the interpreter, which must be on
+    # before triton (imported by specdec_kernels) is
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import argparse  # noqa: E402
+import functools  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch.nn.functional as F  # noqa: E402
+
+import bench_verify as bv  # noqa: E402  (copy bandwidth, CUDA-graph capture, CPU timing)
+from _report import write_report  # noqa: E402  (bench/ is on sys.path: script dir or pytest rootdir)
+from specdec_kernels import ops, reference  # noqa: E402
+from specdec_kernels.reference.attention import paged_from_contiguous  # noqa: E402
+
+FULL = {"B": (1, 8, 32), "P": (512, 4096, 32768), "N": (8, 32, 64), "heads": (32, 8), "D": 128}
+SMOKE = {"B": (2,), "P": (40,), "N": (5,), "heads": (4, 2), "D": 16}
+PREFIXES = ("uniform", "ragged")
+TREES = ("chain", "tree")
+LAYOUTS = ("contiguous", "paged")
+ANCHORS = ("sdpa", "flex")
+# nominal HBM bandwidth and dense 16-bit tensor-core peak by device name (None: unknown device)
+NOMINAL = {"H100 PCIe": (2.0e12, 756e12), "H100": (3.35e12, 989e12), "H200": (4.8e12, 989e12),
+           "A100": (2.0e12, 312e12)}
+GATE = {torch.float32: 1e-4, torch.float16: 8e-3, torch.bfloat16: 8e-3}  # max abs error of out vs the reference
+LSE_GATE = 1e-3
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    prefix: int
+    nodes: int
+    prefix_kind: str
+    tree: str
+    layout: str
+    hq: int
+    hkv: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+    page_size: int = 16
+
+    @property
+    def name(self) -> str:
+        dtype = str(self.dtype).replace("torch.", "")
+        return f"B{self.batch}-P{self.prefix}-N{self.nodes}-{self.prefix_kind}-{self.tree}-{self.layout}-{dtype}"
+
+
+def make_inputs(case: Case, seed: int = 0) -> dict:
+    """Op arguments of one case: q, k_cache, v_cache, seq_lens, parents, block_table."""
+    gen = torch.Generator().manual_seed(seed)
+    if case.prefix_kind == "ragged":
+        seq_lens = torch.randint(case.prefix // 2, case.prefix + 1, (case.batch,), generator=gen)
+    else:
+        seq_lens = torch.full((case.batch,), case.prefix, dtype=torch.int64)
+    s_max = int(seq_lens.max()) + case.nodes
+    dev, dt = case.device, case.dtype
+    q = torch.randn(case.batch, case.nodes, case.hq, case.head_dim, device=dev, dtype=dt)
+    k = torch.randn(case.batch, case.hkv, s_max, case.head_dim, device=dev, dtype=dt)
+    v = torch.randn(case.batch, case.hkv, s_max, case.head_dim, device=dev, dtype=dt)
+    parents = None
+    if case.tree == "tree":  # node i's parent uniform in [0, i)
+        parents = (torch.rand(case.batch, case.nodes, generator=gen) * torch.arange(case.nodes)).long()
+        parents[:, 0] = -1
+        parents = parents.to(dev)
+    block_table = None
+    if case.layout == "paged":
+        k, block_table = paged_from_contiguous(k, case.page_size, generator=torch.Generator().manual_seed(seed))
+        v, _ = paged_from_contiguous(v, case.page_size, generator=torch.Generator().manual_seed(seed))
+    return dict(q=q, k_cache=k, v_cache=v, seq_lens=seq_lens.to(dev), parents=parents, block_table=block_table)
+
+
+def ancestors(inputs: dict) -> torch.Tensor:
+    """bool [B, N, N]: node j is node i itself or one of its ancestors."""
+    q, parents = inputs["q"], inputs["parents"]
+    batch, n = q.shape[:2]
+    if parents is None:
+        return torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device)).expand(batch, n, n)
+    return reference.ancestor_mask(parents)
+
+
+def visibility(inputs: dict) -> torch.Tensor:
+    """bool [B, N, max P + N]: what each node attends to (the SDPA mask)."""
+    seq_lens, q = inputs["seq_lens"], inputs["q"]
+    batch, n = q.shape[:2]
+    length = int(seq_lens.max()) + n
+    rel = torch.arange(length, device=q.device).view(1, 1, length) - seq_lens.view(batch, 1, 1)
+    tail = ancestors(inputs).gather(2, rel.clamp(0, n - 1).expand(batch, n, length))
+    return (rel < 0) | ((rel < n) & tail)
+
+
+def sdpa_call(inputs: dict, scale: float):
+    q, seq_lens = inputs["q"], inputs["seq_lens"]
+    length = int(seq_lens.max()) + q.shape[1]
+    k, v = inputs["k_cache"][:, :, :length], inputs["v_cache"][:, :, :length]
+    mask = visibility(inputs).unsqueeze(1)  # [B, 1, N, L]
+    q_t = q.transpose(1, 2)
+    return lambda: F.scaled_dot_product_attention(q_t, k, v, attn_mask=mask, scale=scale,
+                                                  enable_gqa=True).transpose(1, 2)
+
+
+@functools.cache
+def compiled_flex(device_type: str):
+    from torch.nn.attention.flex_attention import flex_attention
+    for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):  # the default limit silently falls back to eager after 8 shapes
+            setattr(torch._dynamo.config, knob, 100_000)
+    if device_type != "cuda":
+        return flex_attention  # eager (smoke runs on the CPU only check the plumbing)
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_call(inputs: dict, scale: float):
+    from torch.nn.attention.flex_attention import create_block_mask
+    q, seq_lens = inputs["q"], inputs["seq_lens"]
+    batch, n = q.shape[:2]
+    length = int(seq_lens.max()) + n
+    k, v = inputs["k_cache"][:, :, :length], inputs["v_cache"][:, :, :length]
+    tree = ancestors(inputs)
+
+    def mask_mod(b, h, q_idx, kv_idx):  # the prefix, then an N x N ancestor lookup
+        rel = kv_idx - seq_lens[b]
+        return (rel < 0) | ((rel < n) & tree[b, q_idx, rel.clamp(0, n - 1)])
+
+    block_mask = create_block_mask(mask_mod, batch, None, n, length, device=q.device)
+    flex = compiled_flex(q.device.type)
+    q_t = q.transpose(1, 2)
+    return lambda: flex(q_t, k, v, block_mask=block_mask, scale=scale, enable_gqa=True).transpose(1, 2)
+
+
+def ours_call(inputs: dict, backend: str):
+    return lambda: ops.tree_attention(**inputs, backend=backend)
+
+
+def implementations(device: torch.device) -> list[str]:
+    names = []
+    for backend in ops.implemented_backends("tree_attention"):
+        if backend == "torch" and device.type == "cuda":
+            continue  # the reference is the gate, not a contender
+        try:
+            ops.resolve("tree_attention", backend, device)
+            names.append(backend)
+        except (ValueError, RuntimeError):
+            pass
+    return names + list(ANCHORS)
+
+
+def kv_bytes(inputs: dict) -> int:
+    q, k = inputs["q"], inputs["k_cache"]
+    hkv = k.shape[2] if inputs["block_table"] is not None else k.shape[1]
+    tokens = int(inputs["seq_lens"].sum()) + q.shape[0] * q.shape[1]
+    return tokens * hkv * q.shape[3] * 2 * q.element_size()
+
+
+def flops(inputs: dict) -> int:
+    q = inputs["q"]
+    tokens = int(inputs["seq_lens"].sum()) + q.shape[0] * q.shape[1]
+    return 4 * q.shape[2] * q.shape[3] * q.shape[1] * tokens
+
+
+def device_peaks(device: torch.device) -> tuple[float | None, float | None]:
+    """(nominal HBM bytes/s, dense 16-bit tensor-core flop/s) of this GPU, if known."""
+    if device.type != "cuda":
+        return None, None
+    name = torch.cuda.get_device_name(device)
+    for key, peaks in NOMINAL.items():  # "H100 PCIe" is listed before "H100"
+        if key in name:
+            return peaks
+    return None, None
+
+
+def time_us(fn, device: torch.device, repeats: int) -> tuple[float, str]:
+    """Median microseconds and how: a CUDA-graph replay (or the eager call when capture
+    fails) under triton's do_bench, which flushes L2 before every call; on the CPU the
+    wall clock."""
+    if device.type != "cuda":
+        return bv.time_eager(fn, device, repeats), "eager"
+    import triton.testing
+    graph = bv.capture_graph(fn)
+    target = graph.replay if graph is not None else fn
+    return 1e3 * triton.testing.do_bench(target, warmup=25, rep=100, return_mode="median"), \
+        "graph" if graph is not None else "eager"
+
+
+def check(impl: str, got, want, dtype: torch.dtype) -> tuple[bool, float]:
+    out = got[0] if isinstance(got, tuple) else got
+    err = float((out.float() - want[0].float()).abs().max()) if out.numel() else 0.0
+    ok = err <= GATE[dtype]
+    if isinstance(got, tuple):  # ours also return lse
+        ok = ok and float((got[1] - want[1]).abs().max() if got[1].numel() else 0.0) <= LSE_GATE
+    return ok, float(f"{err:.3g}")
+
+
+def measure(case: Case, impls: list[str], repeats: int, copy_bw: float | None) -> list[dict]:
+    inputs = make_inputs(case)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    want = ops.tree_attention(**inputs, backend="torch")
+    nominal_bw, tc_peak = device_peaks(case.device)
+    base = {"B": case.batch, "P": case.prefix, "N": case.nodes, "prefix": case.prefix_kind, "tree": case.tree,
+            "layout": case.layout, "dtype": str(case.dtype).replace("torch.", ""),
+            "kv_MiB": round(kv_bytes(inputs) / 2**20, 1)}
+    rows = []
+    for impl in impls:
+        if impl in ANCHORS and case.layout != "contiguous":
+            continue  # no page tables in SDPA / Flex
+        row = {**base, "impl": impl}
+        try:
+            started = time.perf_counter()
+            fn = {"sdpa": sdpa_call, "flex": flex_call}[impl](inputs, scale) if impl in ANCHORS else ours_call(inputs, impl)
+            got = fn()  # compiles on first use
+            if case.device.type == "cuda":
+                torch.cuda.synchronize()
+            if impl == "flex":
+                row["compile_s"] = round(time.perf_counter() - started, 2)
+            row["ok"], row["max_err"] = check(impl, got, want, case.dtype)
+            if row["ok"]:
+                us, row["timing"] = time_us(fn, case.device, repeats)
+                row["us"] = round(us, 2)
+                seconds = us * 1e-6
+                if nominal_bw:
+                    row["pct_hbm"] = round(100 * kv_bytes(inputs) / seconds / nominal_bw, 1)
+                if copy_bw:
+                    row["pct_copy_bw"] = round(100 * kv_bytes(inputs) / seconds / copy_bw, 1)
+                if tc_peak and case.dtype != torch.float32:
+                    row["pct_tc"] = round(100 * flops(inputs) / seconds / tc_peak, 1)
+        except Exception as error:  # noqa: BLE001 - a failing anchor is a result
+            row["ok"], row["error"] = False, f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    del inputs, want
+    if case.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def grid(smoke: bool, dtype: torch.dtype, device: torch.device, *, batches=None, prefixes=None, nodes=None,
+         prefix_kinds=PREFIXES, trees=TREES, layouts=LAYOUTS, page_size: int = 16) -> list[Case]:
+    axes = SMOKE if smoke else FULL
+    hq, hkv = axes["heads"]
+    return [Case(b, p, n, kind, tree, layout, hq, hkv, axes["D"], dtype, device, page_size)
+            for b, p, n, kind, tree, layout in itertools.product(
+                batches or axes["B"], prefixes or axes["P"], nodes or axes["N"], prefix_kinds, trees, layouts)]
+
+
+def _case_key(row: dict) -> tuple:
+    """The shape of a result row, layout aside (anchors run the contiguous layout only)."""
+    return row["B"], row["P"], row["N"], row["prefix"], row["tree"], row["dtype"]
+
+
+def speedups(rows: list[dict]) -> None:
+    """Add vs_sdpa / vs_flex (their time over ours) to our rows, matching cases on the
+    contiguous layout (the anchors' only layout)."""
+    anchor_us = {(_case_key(r), r["impl"]): r.get("us") for r in rows if r["impl"] in ANCHORS}
+    for r in rows:
+        if r["impl"] in ANCHORS or "us" not in r:
+            continue
+        for anchor in ANCHORS:
+            other = anchor_us.get((_case_key(r), anchor))
+            if other and r["layout"] == "contiguous":
+                r[f"vs_{anchor}"] = round(other / r["us"], 2)
+
+
+def target_summary(rows: list[dict]) -> list[str]:
+    """The issue's H100 targets over the rows at B >= 8, P >= 4096, N <= 32."""
+    lines = ["## Targets (B >= 8, P >= 4096, N <= 32)", ""]
+    for impl in sorted({r["impl"] for r in rows if r["impl"] not in ANCHORS}):
+        mine = [r for r in rows if r["impl"] == impl and r["B"] >= 8 and r["P"] >= 4096 and r["N"] <= 32]
+        if not mine:
+            lines.append(f"- {impl}: no such case in this run")
+            continue
+        hbm = [r["pct_hbm"] for r in mine if "pct_hbm" in r]
+        sdpa = [r["vs_sdpa"] for r in mine if "vs_sdpa" in r]
+        flex_ran = {_case_key(r) for r in rows if r["impl"] == "flex"}
+        flex = [r for r in mine if r["layout"] == "contiguous" and _case_key(r) in flex_ran]
+        flex_beaten = sum(1 for r in flex if "vs_flex" not in r or r["vs_flex"] > 1)  # no Flex time: Flex failed
+        lines += [f"- {impl}: {len(mine)} cases, {sum(1 for r in mine if not r['ok'])} failed the gate",
+                  f"  - % of nominal HBM bandwidth (target >= 70): min {min(hbm, default='n/a')}, "
+                  f"max {max(hbm, default='n/a')}",
+                  f"  - speed-up over SDPA with a dense mask (target >= 3): min {min(sdpa, default='n/a')}",
+                  f"  - faster than FlexAttention (or Flex failed): {flex_beaten} of {len(flex)} contiguous cases"]
+    return lines + [""]
+
+
+def write_results(rows: list[dict], out: Path, command: str, copy_bw: float | None, device: torch.device) -> None:
+    """tree_attention.json / .md (bench/_report.py), then the targets section appended to the markdown."""
+    nominal_bw, tc_peak = device_peaks(device)
+    extra = {"cuda": torch.version.cuda, "copy_bandwidth_GBps": round(copy_bw / 1e9, 1) if copy_bw else None,
+             "nominal_hbm_GBps": round(nominal_bw / 1e9) if nominal_bw else None,
+             "tensor_core_peak_TFLOPs": round(tc_peak / 1e12) if tc_peak else None}
+    speedups(rows)
+    cols = ["B", "P", "N", "prefix", "tree", "layout", "impl", "us", "timing", "pct_hbm", "pct_copy_bw", "pct_tc",
+            "vs_sdpa", "vs_flex", "kv_MiB", "max_err", "ok", "compile_s", "error"]
+    note = (f"CUDA {extra['cuda']}; copy bandwidth {extra['copy_bandwidth_GBps']} GB/s, nominal HBM "
+            f"{extra['nominal_hbm_GBps']} GB/s, tensor-core peak {extra['tensor_core_peak_TFLOPs']} TFLOP/s")
+    write_report(rows, out, "tree_attention", "tree_attention", cols, command, extra, note)
+    with open(out / "tree_attention.md", "a") as md:
+        md.write("\n" + "\n".join(target_summary(rows)))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, few repeats (CPU-friendly)")
+    parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
+                        help="default bfloat16 (float32 in smoke runs)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per case on the CPU (default 1)")
+    parser.add_argument("--batch", nargs="+", type=int, default=None)
+    parser.add_argument("--prefix", nargs="+", type=int, default=None)
+    parser.add_argument("--nodes", nargs="+", type=int, default=None)
+    parser.add_argument("--prefix-kinds", nargs="+", choices=PREFIXES, default=list(PREFIXES))
+    parser.add_argument("--trees", nargs="+", choices=TREES, default=list(TREES))
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--impls", nargs="+", default=None, help="subset of: torch triton cuda sdpa flex")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    smoke = args.smoke or device.type == "cpu"
+    dtype = getattr(torch, args.dtype or ("float32" if smoke else "bfloat16"))
+    repeats = args.repeats or 1  # CPU wall-clock repeats (GPU timing is do_bench's)
+    impls = [i for i in implementations(device) if args.impls is None or i in args.impls]
+    copy_bw = bv.copy_bandwidth(device)
+    rows = []
+    for case in grid(smoke, dtype, device, batches=args.batch, prefixes=args.prefix, nodes=args.nodes,
+                     prefix_kinds=args.prefix_kinds, trees=args.trees, layouts=args.layouts, page_size=args.page_size):
+        rows += measure(case, impls, repeats, copy_bw)
+    write_results(rows, args.out, "python " + " ".join(sys.argv), copy_bw, device)
+    ours = [r for r in rows if r["impl"] not in ANCHORS]
+    return 0 if all(r["ok"] for r in ours) else 1  # an anchor may fail; ours may not
+
+
+if __name__ == "__main__":
+    sys.exit(main())
