@@ -7,3 +7,4 @@ from . import greedy_verify  # noqa: F401
 from . import logit_verify  # noqa: F401
 from . import tree_verify  # noqa: F401
 from . import rejection_sample  # noqa: F401
+from . import tree_attention  # noqa: F401
