@@ -238,10 +238,12 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
   const int src_bytes = valid ? 16 : 0;  // 0: no read at all, the 16 bytes are zero-filled
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// The "memory" clobber keeps the compiler from moving shared-memory accesses
+// across the wait (the barrier that follows orders the other threads).
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
@@ -720,20 +722,22 @@ bool has_mma_kernel(int dtype, int64_t D) { return dtype != kFloat32 && (D == 64
 struct KernelChoice {
   const void* fn;
   int threads;
-  int smem;
-  int index;  // slot in the per-device caches below
+  int smem;        // dynamic shared memory of this launch
+  int smem_limit;  // the most any launch of this kernel asks for (its attribute)
+  int index;       // slot in the per-device cache of prepare_kernel
 };
 
 template <typename T, int kD, int kWarps>
 KernelChoice mma_choice(int index) {
-  return {reinterpret_cast<const void*>(&tree_attention_mma_kernel<T, kD, kWarps>), kWarps * 32,
-          mma_smem_bytes<kD, kWarps>(), index};
+  constexpr int kSmem = mma_smem_bytes<kD, kWarps>();
+  return {reinterpret_cast<const void*>(&tree_attention_mma_kernel<T, kD, kWarps>), kWarps * 32, kSmem, kSmem,
+          index};
 }
 
 template <typename T>
 KernelChoice simt_choice(int index, int64_t D) {
   return {reinterpret_cast<const void*>(&tree_attention_simt_kernel<T>), kSimtThreads,
-          simt_smem_bytes(static_cast<int>(D)), index};
+          simt_smem_bytes(static_cast<int>(D)), simt_smem_bytes(kSimtMaxD), index};
 }
 
 constexpr int kKernelSlots = 11;
@@ -753,27 +757,33 @@ KernelChoice choose_kernel(int dtype, int64_t D, int block_m) {
   return simt_choice<__nv_bfloat16>(10, D);
 }
 
-// Opt the kernel in to `smem` bytes of dynamic shared memory and return how
-// many of its CTAs fit on one SM. The attribute and the answer only change
-// with the device (SIMT kernels: with D too, so their answers are not cached;
-// they stay below the 48 KB default or set the attribute every time).
+// Opt the kernel in to its largest dynamic shared memory (an upper limit,
+// harmless for smaller launches) and return how many CTAs of this launch fit
+// on one SM. Cached per device and kernel for the last shared-memory size
+// asked, so after one warm-up call a captured call makes no runtime queries
+// beyond cudaGetDevice.
 int prepare_kernel(const KernelChoice& k) {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices][kKernelSlots];  // 0: not asked yet
+  static std::atomic<uint64_t> cached[kMaxDevices][kKernelSlots];  // (smem << 32) | CTAs per SM; 0: not asked
   int dev = 0;
   SPECDEC_CUDA_CHECK(cudaGetDevice(&dev));
-  const bool cacheable = k.index < 8 && dev >= 0 && dev < kMaxDevices;
+  const bool cacheable = dev >= 0 && dev < kMaxDevices;
   if (cacheable) {
-    const int hit = cached[dev][k.index].load(std::memory_order_relaxed);
-    if (hit > 0) return hit;
+    const uint64_t hit = cached[dev][k.index].load(std::memory_order_relaxed);
+    if ((hit >> 32) == static_cast<uint64_t>(k.smem) && (hit & 0xFFFFFFFFu) != 0) {
+      return static_cast<int>(hit & 0xFFFFFFFFu);
+    }
   }
-  if (k.smem > 48 * 1024) {
-    SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+  if (k.smem_limit > 48 * 1024) {
+    SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_limit));
   }
   int per_sm = 0;
   SPECDEC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, k.threads, k.smem));
   per_sm = std::max(per_sm, 1);
-  if (cacheable) cached[dev][k.index].store(per_sm, std::memory_order_relaxed);
+  if (cacheable) {
+    cached[dev][k.index].store((static_cast<uint64_t>(k.smem) << 32) | static_cast<uint64_t>(per_sm),
+                               std::memory_order_relaxed);
+  }
   return per_sm;
 }
 

@@ -43,7 +43,7 @@ def tree_attention(q, k_cache, v_cache, seq_lens, parents, block_table=None, *, 
         v = (v_cache.data_ptr(), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
     dtype = DTYPE_CODES[q.dtype]
     with on_device(device):  # the plan and the launch use the current device's SM count and stream
-        splits, _, _, counter_bytes, partial_bytes, _ = lib.tree_attention_plan(batch, n, hq, hkv, d, capacity, dtype)
+        _, _, _, counter_bytes, partial_bytes, _ = lib.tree_attention_plan(batch, n, hq, hkv, d, capacity, dtype)
         counters = zeroed_workspace(device, counter_bytes) if counter_bytes else None
         partials = torch.empty(partial_bytes // 4, dtype=torch.float32, device=device) if partial_bytes else None
         lib.tree_attention(
