@@ -8,3 +8,4 @@ from . import kv_compact  # noqa: F401
 from . import logit_verify  # noqa: F401
 from . import tree_verify  # noqa: F401
 from . import rejection_sample  # noqa: F401
+from . import tree_attention  # noqa: F401
