@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# Every GPU check the issues owe, in one device call (the machine starts bare):
+# Every GPU check the issues owe, in as few device calls as possible (the machine starts bare):
 #   build _C, `pytest -m gpu`, compute-sanitizer memcheck over the CUDA kernels' GPU tests,
-#   and the verification microbenchmark. Results land in OUT (at most 6 files, one folder).
+#   and the microbenchmarks. Results land in OUT (one folder; at most 8 files come back).
 #
-#   bash bench/gpu_checks.sh "$OUT"                      # everything (about 10 minutes on an H100)
-#   BENCH_ARGS="--ops rejection_sample greedy_verify" bash bench/gpu_checks.sh "$OUT"
-#   SKIP_BENCH=1 bash bench/gpu_checks.sh "$OUT"
+#   bash bench/gpu_checks.sh "$OUT"                        # every stage (more than one 10-minute call)
+#   STAGES="test memcheck" bash bench/gpu_checks.sh "$OUT"  # a subset; stages run in this order:
+#     test      pytest -m gpu                                 (pytest_gpu.log)
+#     memcheck  compute-sanitizer over tests/test_gpu_*.py    (memcheck.log)
+#     verify    bench/bench_verify.py                         (verify.json/.md; BENCH_ARGS adds flags)
+#     attn      bench/bench_tree_attention.py, the target slice B {8, 32} x P 4096 (ATTN_ARGS overrides)
+#     kv        bench/bench_kv_compact.py                     (kv_compact.json/.md)
+# build.log, build_info.json and summary.txt are written every time.
 set -uo pipefail
 out=${1:?usage: bash bench/gpu_checks.sh OUTDIR}
+stages=${STAGES:-test memcheck verify attn kv}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 status=0
+want() { [[ " $stages " == *" $1 "* ]]; }
 
 echo "== build" | tee "$out/summary.txt"
 if ! SPECDEC_REQUIRE_CUDA=1 pip install --no-build-isolation --no-deps -e . -q >"$out/build.log" 2>&1; then
@@ -20,25 +27,36 @@ fi
 python -c "import json, specdec_kernels; print(json.dumps(specdec_kernels.build_info(), indent=1))" >"$out/build_info.json"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/summary.txt"
 
-echo "== pytest -m gpu" | tee -a "$out/summary.txt"
-timeout "${PYTEST_TIMEOUT:-420}" python -m pytest -m gpu -q -p no:cacheprovider -rs >"$out/pytest_gpu.log" 2>&1
-rc=$?
-tail -n 3 "$out/pytest_gpu.log" | tee -a "$out/summary.txt"
-[ $rc -eq 0 ] || status=1
-
-echo "== compute-sanitizer memcheck (CUDA kernel tests, caching allocator off)" | tee -a "$out/summary.txt"
-cuda_tests=$(ls tests/test_gpu_*.py | grep -v statistics)
-PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-420}" compute-sanitizer --tool memcheck \
-  --error-exitcode 9 --target-processes all python -m pytest -q -x -p no:cacheprovider -m gpu \
-  -k "${MEMCHECK_FILTER:-not graph and not 151936 and not 128256}" $cuda_tests >"$out/memcheck.log" 2>&1
-rc=$?
-grep -E "ERROR SUMMARY|passed|failed" "$out/memcheck.log" | tail -n 3 | tee -a "$out/summary.txt"
-[ $rc -eq 0 ] || status=1
-
-if [ -z "${SKIP_BENCH:-}" ]; then
-  echo "== bench_verify" | tee -a "$out/summary.txt"
-  # shellcheck disable=SC2086
-  timeout "${BENCH_TIMEOUT:-900}" python bench/bench_verify.py --out "$out" ${BENCH_ARGS:-} >/dev/null 2>>"$out/summary.txt" || status=1
+if want test; then
+  echo "== pytest -m gpu" | tee -a "$out/summary.txt"
+  timeout "${PYTEST_TIMEOUT:-540}" python -m pytest -m gpu -q -p no:cacheprovider -rs >"$out/pytest_gpu.log" 2>&1
+  rc=$?
+  tail -n 3 "$out/pytest_gpu.log" | tee -a "$out/summary.txt"
+  [ $rc -eq 0 ] || status=1
 fi
+
+if want memcheck; then
+  echo "== compute-sanitizer memcheck (CUDA kernel tests, caching allocator off)" | tee -a "$out/summary.txt"
+  cuda_tests=$(ls tests/test_gpu_*.py | grep -v -e statistics -e hf_models)
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-480}" compute-sanitizer --tool memcheck \
+    --error-exitcode 9 --target-processes all python -m pytest -q -x -p no:cacheprovider -m gpu \
+    -k "${MEMCHECK_FILTER:-not graph and not 151936 and not 128256 and not long}" $cuda_tests >"$out/memcheck.log" 2>&1
+  rc=$?
+  grep -E "ERROR SUMMARY|passed|failed" "$out/memcheck.log" | tail -n 3 | tee -a "$out/summary.txt"
+  [ $rc -eq 0 ] || status=1
+fi
+
+bench() {  # name, timeout, command...
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name" | tee -a "$out/summary.txt"
+  timeout "$limit" "$@" --out "$out" >/dev/null 2>>"$out/summary.txt" || { echo "$name failed" | tee -a "$out/summary.txt"; status=1; }
+}
+# shellcheck disable=SC2086
+want verify && bench bench_verify "${BENCH_TIMEOUT:-540}" python bench/bench_verify.py ${BENCH_ARGS:-}
+# shellcheck disable=SC2086
+want attn && bench bench_tree_attention "${BENCH_TIMEOUT:-540}" python bench/bench_tree_attention.py \
+  ${ATTN_ARGS:---batch 8 32 --prefix 4096}
+want kv && bench bench_kv_compact "${BENCH_TIMEOUT:-300}" python bench/bench_kv_compact.py
 echo "== exit $status" | tee -a "$out/summary.txt"
 exit $status
