@@ -1,0 +1,6 @@
+"""placeholder"""
+from .engine import Strategy
+
+
+class BildDecoder(Strategy):
+    pass

@@ -1,0 +1,62 @@
+"""The draft side shared by the two-model strategies: a second HF model on its own SpecCache.
+
+Draft-cache invariant: it holds every committed token but the last TWO, so each step's first
+draft forward feeds the same two tokens per row [prev, root] whatever each row accepted (the
+very first step feeds only the root: its cache holds the prompt minus the root, which also
+serves prompts of one token). After the target's verdict, `rollback` keeps exactly the
+committed tokens minus two: the step wrote (fed tokens + g - 1) entries; the row committed
+num_accepted + 1 new tokens.
+"""
+
+import torch
+from torch import Tensor
+
+from ..ops import _validate as check
+from .engine import OP, adapt_model
+from .standardize import fit_vocab
+
+
+def check_pair(target, draft) -> None:
+    """Clear errors for draft/target pairs that cannot share token ids."""
+    target_kind = hasattr(target, "get_encoder")
+    if hasattr(draft, "get_encoder") != target_kind:
+        check.fail(OP, "the draft and the target must both be decoder-only or both be encoder-decoder models "
+                       f"(got target {target.config.model_type!r}, draft {draft.config.model_type!r})")
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
+        ours, theirs = getattr(target.config, name, None), getattr(draft.config, name, None)
+        if ours is not None and theirs is not None and ours != theirs:
+            check.fail(OP, f"the draft and the target use different tokenizers: config.{name} is {theirs} in the "
+                           f"draft and {ours} in the target (both models must share one vocabulary)")
+
+
+class DraftModel:
+    """A draft adapter + SpecCache + the step's start lengths (to roll back / freeze rows)."""
+
+    def __init__(self, model, engine):
+        check_pair(engine.target.model, model)
+        self.adapter = adapt_model(model, "draft")
+        self.vocab = engine.vocab
+        self.cache = engine.new_cache(self.adapter, "draft")
+        self.start = self.cache.seq_lens.clone()
+
+    def begin(self, engine, first: bool) -> Tensor:
+        """Remember where the step starts; the tokens the first forward feeds ([B, 1] or [B, 2])."""
+        self.start.copy_(self.cache.seq_lens)
+        if first:
+            return engine.root.unsqueeze(1)
+        return torch.stack([engine.prev, engine.root], dim=1)
+
+    def next_logits(self, tokens: Tensor) -> Tensor:
+        """[B, V_target] draft logits after feeding tokens [B, N] (committed to the draft cache)."""
+        logits = self.adapter.verify(tokens, self.cache)[:, -1]
+        self.cache.commit()
+        return fit_vocab(logits, self.vocab)
+
+    def rollback(self, engine, num_accepted: Tensor, num_forwards: int) -> None:
+        """Keep committed-minus-two; finished rows keep their lengths (static shapes, no overflow)."""
+        self.cache.crop(num_forwards - num_accepted)
+        self.cache.seq_lens.copy_(torch.where(engine.finished, self.start, self.cache.seq_lens))
+
+    def select_rows(self, index: Tensor) -> None:
+        self.cache.select_rows(index)
+        self.start = self.start.index_select(0, index)
