@@ -88,7 +88,8 @@ def adapt_model(model, role: str):
 def restored_attention(*models):
     """hf.adapt switches a model's attention to `specdec_tree`; give users their models back as
     they passed them (so model.generate keeps working afterwards)."""
-    saved = [(m, m.config._attn_implementation) for m in models if m is not None]
+    saved = [(m, getattr(m.config, "_attn_implementation", None)) for m in models
+             if hasattr(m, "set_attn_implementation")]
     try:
         yield
     finally:
