@@ -10,7 +10,7 @@ def load(family: str, directory):
     return auto_class(family).from_pretrained(directory).eval()
 
 
-def make_pair(family: str, tmp_path, *, noise: float = 0.1, seed: int = 0):
+def make_pair(family: str, tmp_path, *, noise: float = 0.03, seed: int = 0):
     """(target, draft): the draft is the target with Gaussian noise on every weight, so rows
     accept some drafts and reject others (both paths of every step get exercised)."""
     target_dir, draft_dir = tmp_path / f"{family}_target", tmp_path / f"{family}_draft"
