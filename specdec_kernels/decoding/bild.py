@@ -136,6 +136,9 @@ class BildDecoder(Strategy):
         self.large_next.copy_(rolled_back if self.mode == "official" else torch.zeros_like(rolled_back))
         return out, num_accepted
 
+    def caches(self) -> tuple:
+        return (self.draft.cache,)
+
     def after_accept(self, engine: Engine, proposal: Proposal, num_accepted: Tensor) -> None:
         self.draft.rollback(engine, num_accepted, proposal.tokens.shape[1])
 

@@ -71,6 +71,10 @@ class Strategy:
     def select_rows(self, index: Tensor) -> None:
         """Drop finished rows from the strategy's per-row state."""
 
+    def caches(self) -> tuple:
+        """The strategy's own SpecCaches (the draft model's)."""
+        return ()
+
     def report(self, engine: "Engine") -> dict:
         return {}
 
@@ -123,6 +127,12 @@ def right_aligned(input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Ten
     return input_ids.gather(1, order), lengths.to(torch.int64)
 
 
+def graphs_supported(device: torch.device) -> bool:
+    """CUDA graphs by default on a GPU, once ops.tree_attention has a GPU backend: its torch
+    reference reads each row's length back (a sync per row), which graph capture forbids."""
+    return device.type == "cuda" and any(b in ops.implemented_backends("tree_attention") for b in ("triton", "cuda"))
+
+
 class Engine:
     """One `generate` call: target adapter and cache, per-row state, the loop and its statistics."""
 
@@ -142,7 +152,7 @@ class Engine:
         self.pad = int(pad_token_id if pad_token_id is not None else (self.eos[0] if self.eos else 0))
         self.eos_ids = torch.tensor(self.eos or [-1], dtype=torch.int64, device=self.device)
         if cuda_graphs is None:
-            cuda_graphs = self.device.type == "cuda"
+            cuda_graphs = graphs_supported(self.device)
         self.graphs = GraphRunner(bool(cuda_graphs))
         self.input_ids = input_ids.to(self.device)
         mask = None if attention_mask is None else attention_mask.to(self.device)
@@ -263,6 +273,8 @@ class Engine:
         while True:
             g = self.strategy.num_draft_tokens()
             key = (self.root.shape[0], g)
+            if self.graphs.enabled:
+                self.trust_capacity()
             with timer.section("draft"):
                 if first:
                     proposal = self.strategy.propose(self, True)
@@ -283,6 +295,13 @@ class Engine:
                 self.drop_rows(torch.tensor([not f for f in finished], device=self.device))
         self.store_rows(torch.ones_like(self.finished))
         return self.output(stats, timer)
+
+    def trust_capacity(self) -> None:
+        """Graph mode: the caches were sized for every token a row can write (cache_length) and
+        finished rows are frozen, so the SpecCache's host-side overflow bound (which grows on every
+        eager call and, near the end, reads the lengths back: a sync capture forbids) is reset."""
+        for cache in (self.cache, *self.strategy.caches()):
+            cache._length_bound = 0
 
     def drop_rows(self, keep: Tensor) -> None:
         """Eager mode: move finished rows' tokens to the output and drop them from every cache."""

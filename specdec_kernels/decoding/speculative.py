@@ -97,6 +97,9 @@ class SpeculativeDecoder(Strategy):
         return ops.rejection_sample(target_probs, draft_probs, proposal.tokens, seed=engine.seeds,
                                     offsets=engine.offsets, backend=engine.backend)
 
+    def caches(self) -> tuple:
+        return (self.draft.cache,)
+
     def after_accept(self, engine: Engine, proposal: Proposal, num_accepted: Tensor) -> None:
         self.draft.rollback(engine, num_accepted, proposal.tokens.shape[1])
 
