@@ -24,6 +24,10 @@ def pair(request, tmp_path_factory):
     return target.to("cuda"), draft.to("cuda")
 
 
+def hf_greedy(target, ids, mask):
+    return target.generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+
+
 def run(target, draft, ids, mask, **kwargs):
     return specdec_kernels.generate(target, ids.cuda(), attention_mask=mask.cuda(), strategy="speculative",
                                     draft_model=draft, max_new_tokens=NEW, pad_token_id=0, **kwargs)
@@ -33,8 +37,7 @@ def run(target, draft, ids, mask, **kwargs):
 def test_eager_greedy_equals_hf_on_gpu(pair, backend):
     target, draft = pair
     ids, mask = left_padded([7, 3, 5, 1], seed=1)
-    expected = target.generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=NEW, do_sample=False,
-                               pad_token_id=0)
+    expected = hf_greedy(target, ids, mask)
     out = run(target, draft, ids, mask, num_draft_tokens=3, backend=backend, cuda_graphs=False)
     assert torch.equal(out.sequences, expected)
 
@@ -44,8 +47,7 @@ def test_eager_greedy_equals_hf_on_gpu(pair, backend):
 def test_graphs_equal_eager_and_hf(pair, schedule):
     target, draft = pair
     ids, mask = left_padded([7, 3, 5, 1], seed=1)
-    expected = target.generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=NEW, do_sample=False,
-                               pad_token_id=0)
+    expected = hf_greedy(target, ids, mask)
     graphed = run(target, draft, ids, mask, num_draft_tokens=3, schedule=schedule, cuda_graphs=True)
     assert torch.equal(graphed.sequences, expected)
     assert graphed.stats.extra["cuda_graphs_captured"] >= 2  # the draft and the verify step
@@ -65,8 +67,7 @@ def test_graphs_sampling_equals_eager(pair):
 def test_bild_graphs_exact_rule_equals_hf(pair):
     target, draft = pair
     ids, mask = left_padded([7, 3, 5, 1], seed=1)
-    expected = target.generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=NEW, do_sample=False,
-                               pad_token_id=0)
+    expected = hf_greedy(target, ids, mask)
     out = specdec_kernels.generate(target, ids.cuda(), attention_mask=mask.cuda(), strategy="bild", draft_model=draft,
                                    rollback_rule="exact", fallback_threshold=0.08, max_small_run=4,
                                    max_new_tokens=NEW, pad_token_id=0, cuda_graphs=True)

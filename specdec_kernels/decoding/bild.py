@@ -31,25 +31,24 @@ from torch import Tensor
 
 from .. import ops
 from ..ops import _validate as check
-from .draft_model import DraftModel
-from .engine import OP, Engine, Proposal, Strategy
+from .draft_model import TwoModelStrategy
+from .engine import OP, Engine, Proposal
 from .standardize import draw, standardize
 
 ACCEPT_ALL = 3.0e38  # a rollback threshold no -log p exceeds: keep every draft, take the bonus top-1
 
 
-class BildDecoder(Strategy):
+class BildDecoder(TwoModelStrategy):
     """`BildDecoder(large, small, fallback_threshold=0.6, rollback_threshold=5.0).generate(ids, ...)`,
     or `specdec_kernels.generate(large, ids, strategy="bild", draft_model=small, ...)`."""
 
     name = "bild"
+    needs = "the small model, sharing the large one's vocabulary"
 
     def __init__(self, target=None, draft_model=None, *, fallback_threshold: float = 0.6,
                  rollback_threshold: float = 5.0, max_small_run: int = 10, mode: str = "paper",
                  rollback_rule: str = "nll", verify_small_eos: bool = True):
-        if draft_model is None:
-            check.fail(OP, "strategy 'bild' needs draft_model= (the small model, sharing the large one's vocabulary)")
-        self.target_model, self.draft_model = target, draft_model
+        super().__init__(target, draft_model)
         self.fallback_threshold = check.real_number(OP, "fallback_threshold", fallback_threshold, minimum=0.0)
         if self.fallback_threshold > 1:
             check.fail(OP, f"`fallback_threshold` is a probability, at most 1 (got {fallback_threshold})")
@@ -61,14 +60,10 @@ class BildDecoder(Strategy):
                 check.fail(OP, f"`{name}` must be one of {allowed} (got {value!r})")
         self.mode, self.rollback_rule, self.verify_small_eos = mode, rollback_rule, bool(verify_small_eos)
 
-    def generate(self, input_ids, **kwargs):
-        from .api import generate
-        return generate(self.target_model, input_ids, strategy=self, **kwargs)
-
     # ---- engine interface --------------------------------------------------------------------
 
     def start(self, engine: Engine) -> None:
-        self.draft = DraftModel(self.draft_model, engine)
+        super().start(engine)
         batch = engine.root.shape[0]
         # official mode: the large model takes the first round, and the round after a rollback
         self.large_next = torch.full((batch,), self.mode == "official", dtype=torch.bool, device=engine.device)
@@ -78,7 +73,6 @@ class BildDecoder(Strategy):
         return self.max_small_run
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
-        sampling = engine.sampling
         feed = self.draft.begin(engine, first)
         offsets = engine.offsets
         running = ~self.large_next & ~engine.finished
@@ -87,13 +81,10 @@ class BildDecoder(Strategy):
         tokens = []
         for i in range(self.max_small_run):
             logits = self.draft.next_logits(feed)
-            if sampling.do_sample:
-                q = standardize(logits, sampling)
-                unsure = ops.fallback_check(q.log(), self.fallback_threshold, backend=engine.backend)
-                token = draw(q, engine.seeds, offsets + i)
-            else:
-                unsure = ops.fallback_check(logits, self.fallback_threshold, backend=engine.backend)
-                token = torch.argmax(logits, dim=-1)
+            token, q = self.draft_token(engine, logits, offsets + i)
+            # confidence of the distribution the token came from (log q: max_prob of it is max q)
+            unsure = ops.fallback_check(logits if q is None else q.log(), self.fallback_threshold,
+                                        backend=engine.backend)
             fell_back |= running & unsure
             running = running & ~unsure
             count += running
@@ -136,14 +127,8 @@ class BildDecoder(Strategy):
         self.large_next.copy_(rolled_back if self.mode == "official" else torch.zeros_like(rolled_back))
         return out, num_accepted
 
-    def caches(self) -> tuple:
-        return (self.draft.cache,)
-
-    def after_accept(self, engine: Engine, proposal: Proposal, num_accepted: Tensor) -> None:
-        self.draft.rollback(engine, num_accepted, proposal.tokens.shape[1])
-
     def select_rows(self, index: Tensor) -> None:
-        self.draft.select_rows(index)
+        super().select_rows(index)
         self.large_next = self.large_next.index_select(0, index)
 
     def report(self, engine: Engine) -> dict:

@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from ..ops import _validate as check
-from .engine import OP, adapt_model
-from .standardize import fit_vocab
+from .engine import OP, Strategy, adapt_model
+from .standardize import draw, fit_vocab, standardize
 
 
 def check_pair(target, draft) -> None:
@@ -60,3 +60,39 @@ class DraftModel:
     def select_rows(self, index: Tensor) -> None:
         self.cache.select_rows(index)
         self.start = self.start.index_select(0, index)
+
+
+class TwoModelStrategy(Strategy):
+    """A strategy whose drafts come from a second HF model (speculative, BiLD)."""
+
+    needs = "a causal LM sharing the target's vocabulary"
+
+    def __init__(self, target, draft_model):
+        if draft_model is None:
+            check.fail(OP, f"strategy {self.name!r} needs draft_model= ({self.needs})")
+        self.target_model, self.draft_model = target, draft_model
+
+    def generate(self, input_ids, **kwargs):
+        """specdec_kernels.generate(target, input_ids, strategy=self, **kwargs)."""
+        from .api import generate
+        return generate(self.target_model, input_ids, strategy=self, **kwargs)
+
+    def start(self, engine) -> None:
+        self.draft = DraftModel(self.draft_model, engine)
+
+    def draft_token(self, engine, logits: Tensor, position: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The draft's token from its logits [B, V]: argmax, or a draw from the standardised q
+        (returned too: the accept rule needs exactly the q the token came from)."""
+        if not engine.sampling.do_sample:
+            return torch.argmax(logits, dim=-1), None
+        q = standardize(logits, engine.sampling)
+        return draw(q, engine.seeds, position), q
+
+    def after_accept(self, engine, proposal, num_accepted: Tensor) -> None:
+        self.draft.rollback(engine, num_accepted, proposal.tokens.shape[1])
+
+    def select_rows(self, index: Tensor) -> None:
+        self.draft.select_rows(index)
+
+    def caches(self) -> tuple:
+        return (self.draft.cache,)

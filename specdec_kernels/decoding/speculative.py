@@ -25,12 +25,12 @@ from torch import Tensor
 
 from .. import ops
 from ..ops import _validate as check
-from .draft_model import DraftModel
-from .engine import OP, Engine, Proposal, Strategy
-from .standardize import draw, standardize
+from .draft_model import TwoModelStrategy
+from .engine import OP, Engine, Proposal
+from .standardize import standardize
 
 
-class SpeculativeDecoder(Strategy):
+class SpeculativeDecoder(TwoModelStrategy):
     """`SpeculativeDecoder(target, draft, num_draft_tokens=5).generate(input_ids, ...)`, or
     `specdec_kernels.generate(target, input_ids, strategy="speculative", draft_model=draft, ...)`."""
 
@@ -38,9 +38,7 @@ class SpeculativeDecoder(Strategy):
 
     def __init__(self, target=None, draft_model=None, *, num_draft_tokens: int = 5, schedule: str = "constant",
                  max_draft_tokens: int | None = None, lenience: float = 1.0):
-        if draft_model is None:
-            check.fail(OP, "strategy 'speculative' needs draft_model= (a causal LM sharing the target's vocabulary)")
-        self.target_model, self.draft_model = target, draft_model
+        super().__init__(target, draft_model)
         self.g = self.initial_g = check.positive_int(OP, "num_draft_tokens", num_draft_tokens)
         if schedule not in ("constant", "heuristic"):
             check.fail(OP, f"`schedule` must be 'constant' or 'heuristic' (got {schedule!r})")
@@ -52,15 +50,11 @@ class SpeculativeDecoder(Strategy):
         if not 0 < self.lenience <= 1:
             check.fail(OP, f"`lenience` must be in (0, 1] (1 = exact; got {lenience})")
 
-    def generate(self, input_ids, **kwargs):
-        from .api import generate
-        return generate(self.target_model, input_ids, strategy=self, **kwargs)
-
     # ---- engine interface --------------------------------------------------------------------
 
     def start(self, engine: Engine) -> None:
         self.g = self.initial_g
-        self.draft = DraftModel(self.draft_model, engine)
+        super().start(engine)
 
     def num_draft_tokens(self) -> int:
         return self.g
@@ -69,19 +63,14 @@ class SpeculativeDecoder(Strategy):
         return self.g_max
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
-        sampling = engine.sampling
         feed = self.draft.begin(engine, first)
         offsets = engine.offsets
         tokens, probs = [], []
         for i in range(self.g):
-            logits = self.draft.next_logits(feed)
-            if sampling.do_sample:
-                q = standardize(logits, sampling)
-                token = draw(q, engine.seeds, offsets + i)
-                probs.append(q)
-            else:
-                token = torch.argmax(logits, dim=-1)
+            token, q = self.draft_token(engine, self.draft.next_logits(feed), offsets + i)
             tokens.append(token)
+            if q is not None:
+                probs.append(q)
             feed = token.unsqueeze(1)
         return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
 
@@ -97,15 +86,6 @@ class SpeculativeDecoder(Strategy):
         return ops.rejection_sample(target_probs, draft_probs, proposal.tokens, seed=engine.seeds,
                                     offsets=engine.offsets, backend=engine.backend)
 
-    def caches(self) -> tuple:
-        return (self.draft.cache,)
-
-    def after_accept(self, engine: Engine, proposal: Proposal, num_accepted: Tensor) -> None:
-        self.draft.rollback(engine, num_accepted, proposal.tokens.shape[1])
-
     def end_step(self, all_accepted: bool) -> None:
         if self.schedule == "heuristic":
             self.g = min(self.g + 2, self.g_max) if all_accepted else max(self.g - 1, 1)
-
-    def select_rows(self, index: Tensor) -> None:
-        self.draft.select_rows(index)
