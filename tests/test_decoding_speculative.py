@@ -100,10 +100,33 @@ def test_clear_errors(pair, tmp_path):
     other.config.eos_token_id = 7
     with pytest.raises(ValueError, match="different tokenizers"):
         specdec_kernels.generate(target, ids, strategy="speculative", draft_model=other, max_new_tokens=4)
+    with pytest.raises(ValueError, match="differ by more than LM-head padding"):
+        specdec_kernels.generate(target, ids, strategy="speculative", draft_model=resized(draft, tmp_path, 32),
+                                 max_new_tokens=4)
     unsupported = torch.nn.Linear(2, 2)
     unsupported.config = type("Config", (), {"model_type": "rwkv"})()
     with pytest.raises(ValueError, match="not supported.*supported: "):
         specdec_kernels.generate(unsupported, ids, strategy="speculative", draft_model=draft, max_new_tokens=4)
+
+
+def resized(model, tmp_path, vocab):
+    copy = type(model).from_pretrained(tmp_path_factory_dir(model, tmp_path)).eval()
+    copy.resize_token_embeddings(vocab)
+    return copy
+
+
+def test_padded_draft_vocabulary_is_fitted(pair, tmp_path):
+    """A draft LM head padded past the tokenizer (more ids) or shorter is fitted to the target's V."""
+    _, target, draft = pair
+    ids, mask = left_padded([5, 3], seed=6)
+    expected = hf_greedy(target, ids, mask)
+    for vocab in (72, 60):
+        out = specdec_kernels.generate(target, ids, attention_mask=mask, strategy="speculative",
+                                       draft_model=resized(draft, tmp_path, vocab), max_new_tokens=NEW, pad_token_id=0,
+                                       do_sample=vocab == 60, seed=0)
+        if vocab == 72:
+            assert torch.equal(out.sequences, expected)
+        assert out.sequences.max() < 64
 
 
 def tmp_path_factory_dir(model, tmp_path):

@@ -29,6 +29,14 @@ def check_pair(target, draft) -> None:
                            f"draft and {ours} in the target (both models must share one vocabulary)")
 
 
+def check_vocab(target_vocab: int, draft_vocab: int) -> None:
+    """LM heads padded for speed differ by a few hundred ids at most (32000 vs 32016, 151936 vs
+    152064); sizes further apart than 1/8 mean different tokenizers (e.g. GPT-2's 50257 vs 32000)."""
+    if abs(target_vocab - draft_vocab) > max(target_vocab, draft_vocab) // 8:
+        check.fail(OP, f"the draft's vocabulary ({draft_vocab} ids) and the target's ({target_vocab}) differ by "
+                       "more than LM-head padding: the models must share one tokenizer")
+
+
 class DraftModel:
     """A draft adapter + SpecCache + the step's start lengths (to roll back / freeze rows)."""
 
@@ -36,7 +44,11 @@ class DraftModel:
         check_pair(engine.target.model, model)
         self.adapter = adapt_model(model, "draft")
         self.vocab = engine.vocab
-        self.cache = engine.new_cache(self.adapter, "draft")
+        # a draft with fewer ids than the target is fed its last id for the target's extra ids
+        # (padding ids, in practice): what the draft conditions on never affects exactness
+        self.max_id = self.adapter.embeddings.weight.shape[0] - 1
+        check_vocab(self.vocab, self.max_id + 1)
+        self.cache = engine.new_cache(self.adapter, "draft", self.max_id)
         self.start = self.cache.seq_lens.clone()
 
     def begin(self, engine, first: bool) -> Tensor:
@@ -48,7 +60,7 @@ class DraftModel:
 
     def next_logits(self, tokens: Tensor) -> Tensor:
         """[B, V_target] draft logits after feeding tokens [B, N] (committed to the draft cache)."""
-        logits = self.adapter.verify(tokens, self.cache)[:, -1]
+        logits = self.adapter.verify(tokens.clamp(max=self.max_id), self.cache)[:, -1]
         self.cache.commit()
         return fit_vocab(logits, self.vocab)
 

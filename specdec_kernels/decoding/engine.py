@@ -172,7 +172,6 @@ class Engine:
         rows = torch.arange(batch, dtype=torch.int64, device=self.device)
         self.seeds = (int(seed) & 0xFFFFFFFF) | (rows << 32)  # one Philox key per request
         self.row_ids = rows.clone()  # active row -> row of the output
-        self.gen = None
 
     # ---- setup -------------------------------------------------------------------------------
 
@@ -186,14 +185,16 @@ class Engine:
                            f"positions exceeds the {role} model's {limit}: shorten the prompt or max_new_tokens")
         return length
 
-    def new_cache(self, adapter, role: str):
+    def new_cache(self, adapter, role: str, max_id: int | None = None):
         """A SpecCache for `adapter` holding every prompt token but the last (the root);
-        encoder-decoders run their encoder first."""
+        encoder-decoders run their encoder first. max_id clamps the ids it is fed (a draft
+        with a smaller embedding table)."""
         cache = adapter.new_cache(self.prompts.shape[0], self.cache_length(adapter, role))
+        fit = (lambda ids: ids) if max_id is None else (lambda ids: ids.clamp(max=max_id))
         if self.encoder_decoder:
-            adapter.encode(self.input_ids, cache, attention_mask=self.source_mask)
+            adapter.encode(fit(self.input_ids), cache, attention_mask=self.source_mask)
         if self.prompts.shape[1] > 1:
-            adapter.prefill(self.prompts[:, :-1], cache, self.prompt_lengths - 1)
+            adapter.prefill(fit(self.prompts[:, :-1]), cache, self.prompt_lengths - 1)
         return cache
 
     def setup(self) -> None:

@@ -15,7 +15,9 @@ Options:
       pre-standardisation rule, accept x when p(x) >= l * max(p) (the paper prints "<=", a typo:
       with l = 1 it must reduce to exact match), i.e. logit gap <= -log(l), by ops.relaxed_verify.
 Vocabularies: a draft LM head padded past the tokenizer is truncated to the target's V, a
-smaller one padded with zero probability (standardize.fit_vocab).
+smaller one padded with zero probability (standardize.fit_vocab); target ids past a smaller draft's
+embedding table are fed to the draft as its last id (what the draft conditions on never affects
+exactness, only the acceptance rate).
 """
 
 import math
