@@ -147,15 +147,28 @@ def test_matches_reference(dtype, vocab, batch, g):
 
 @pytest.mark.parametrize("vocab", (7, 300, 1100))
 def test_small_tiles(vocab):
-    """BLOCK_V = 16 / 64: many tiles, so the int64 cdf carries across tile boundaries."""
+    """BLOCK_V = 16 / 64: many tiles, so the int64 cdf carries across tile boundaries, and
+    the final row split into chunks of 1 or 3 tiles (up to 69 programs per row) or kept whole."""
     gen = torch.Generator().manual_seed(vocab)
     target, draft, drafts = make_inputs(3, 2, vocab, torch.float32, gen, zero_frac=0.6)
     counts = torch.tensor([2, 1, 0])
+    plans = (dict(block_v=16, min_tiles=1), dict(block_v=16, min_tiles=3), dict(block_v=64, target_programs=1))
     for kwargs in all_modes(3, 2, gen):
         want = reference.rejection_sample(target, draft, drafts, num_draft_tokens=counts, **kwargs)
-        for block_v in (16, 64):
-            got = triton_module._launch(target, draft, drafts, num_draft_tokens=counts, block_v=block_v, **kwargs)
-            assert all(torch.equal(a, b) for a, b in zip(got, want)), (block_v, sorted(kwargs))
+        for plan in plans:
+            got = triton_module._launch(target, draft, drafts, num_draft_tokens=counts, **plan, **kwargs)
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), (plan, sorted(kwargs))
+
+
+def test_split_plan_uses_static_shapes_only():
+    """Many programs per row at small B, chunks of at most MAX_TILES tiles at large B."""
+    block_v, tiles, splits = triton_module._split_plan(1, 151936)
+    assert block_v == 1024 and splits * tiles * block_v >= 151936 and (splits - 1) * tiles * block_v < 151936
+    assert splits >= 32 and tiles >= triton_module.MIN_TILES
+    _, tiles, splits = triton_module._split_plan(256, 151936)
+    assert tiles <= triton_module.MAX_TILES and splits * tiles * 1024 >= 151936
+    assert triton_module._split_plan(4, 300) == (512, 1, 1)  # a small V is one chunk
+    assert triton_module._split_plan(1, 300, block_v=16, min_tiles=1) == (16, 1, 19)
 
 
 def test_no_drafts_and_empty_batch():
@@ -242,6 +255,20 @@ def test_edge_rows(dtype):
     for counts in ([0] * batch, [3, 2, 1, 0, 3, 2, 1, 0, 3]):
         for kwargs in modes[:4]:
             assert_matches(target, draft, drafts, num_draft_tokens=torch.tensor(counts), **kwargs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_edge_rows_with_split_final_rows(dtype):
+    """The edge rows again with V = 300 in 19 chunks of 16: empty residuals, no mass, NaN
+    and inf rows, and mass only in the last chunk go through the chunk search."""
+    target, draft, drafts = edge_case_inputs(dtype)
+    batch, g = drafts.shape
+    gen = torch.Generator().manual_seed(13)
+    modes = all_modes(batch, g, gen) + [dict(uniforms=torch.full((batch, g + 1), 1.0 - 2**-53, dtype=torch.float64))]
+    for kwargs in modes:
+        want = reference.rejection_sample(target, draft, drafts, **kwargs)
+        got = triton_module._launch(target, draft, drafts, block_v=16, min_tiles=1, **kwargs)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), sorted(kwargs)
 
 
 def test_out_of_range_ids_are_rejected():

@@ -95,10 +95,18 @@ def assert_sample_matches(target, draft, tokens, parents, **kwargs):
 
 
 def assert_greedy_matches(logits, tokens, parents, **kwargs):
+    """The public op, then both kernels (split over V, and the one-program walk) by hand."""
     got = ops.tree_greedy_verify(logits, tokens, parents, backend="triton", **kwargs)
     want = ops.tree_greedy_verify(logits, tokens, parents, backend="torch", **kwargs)
     check_outputs(got, want, logits.shape[-1], sorted(kwargs))
+    check_both_greedy_kernels(logits, tokens, parents, want[0].shape[1] - 1, want)
     return got
+
+
+def check_both_greedy_kernels(logits, tokens, parents, max_depth, want, **plan):
+    for split in (True, False):
+        got = triton_module._launch_greedy(logits, tokens, parents, max_depth=max_depth, split=split, **plan)
+        check_outputs(got, want, logits.shape[-1], f"split={split} {plan}")
 
 
 def greedy_tokens(logits, tokens, parents, gen):
@@ -143,7 +151,7 @@ def test_small_tiles(vocab):
     logits = torch.randn(3, 7, vocab, generator=gen)
     g_tokens = greedy_tokens(logits, tokens, parents, gen)
     want = reference.tree_greedy_verify(logits, g_tokens, parents, max_depth=3)
-    check_outputs(triton_module._launch_greedy(logits, g_tokens, parents, max_depth=3, block_v=16), want, vocab)
+    check_both_greedy_kernels(logits, g_tokens, parents, 3, want, block_v=16, tiles_per_program=1)  # many splits
 
 
 def test_star_tree_rejects_siblings_in_turn():
@@ -357,8 +365,7 @@ def test_greedy_edge_rows():
         assert_greedy_matches(logits.to(dtype), tokens, parents, max_depth=1)
         # BLOCK_V = 16: the ties, the all -inf row and the NaN rows span two tiles
         want = reference.tree_greedy_verify(logits.to(dtype), tokens, parents, max_depth=2)
-        check_outputs(triton_module._launch_greedy(logits.to(dtype), tokens, parents, max_depth=2, block_v=16), want,
-                      vocab)
+        check_both_greedy_kernels(logits.to(dtype), tokens, parents, 2, want, block_v=16, tiles_per_program=1)
 
 
 def test_out_of_range_ids_never_emitted():
@@ -376,6 +383,7 @@ def test_out_of_range_ids_never_emitted():
     logits = torch.randn(3, 6, 20, generator=gen)
     want = reference.tree_greedy_verify(logits, tokens, parents, max_depth=depth)
     check_outputs(triton_module.tree_greedy_verify(logits, tokens, parents, max_depth=depth), want, 20)
+    check_both_greedy_kernels(logits, tokens, parents, depth, want)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -441,4 +449,6 @@ def test_property_matches_reference(batch, n, vocab, dtype, mode, seed, special,
     logits = torch.log(target.float()).to(dtype)
     g_tokens = greedy_tokens(logits, tokens, parents, gen)
     got = ops.tree_greedy_verify(logits, g_tokens, parents, max_depth=max_depth, backend="triton")
-    check_outputs(got, reference.tree_greedy_verify(logits, g_tokens, parents, max_depth=depth), vocab)
+    want = reference.tree_greedy_verify(logits, g_tokens, parents, max_depth=depth)
+    check_outputs(got, want, vocab)
+    check_both_greedy_kernels(logits, g_tokens, parents, depth, want, block_v=16, tiles_per_program=1)

@@ -1,7 +1,8 @@
 """CUDA backend of `greedy_verify` (csrc/greedy_verify.cu): one launch per call."""
 
 from ..ops._backend import register
-from ._launch import DTYPE_CODES, chain_outputs, on_device, library, pointer, stream_handle, zeroed_workspace
+from .._workspace import zeroed_workspace
+from ._launch import DTYPE_CODES, chain_outputs, on_device, library, pointer, stream_handle
 
 
 def greedy_verify(target_logits, draft_tokens, *, num_draft_tokens=None):

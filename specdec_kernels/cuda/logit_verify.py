@@ -7,7 +7,8 @@ import struct
 import torch
 
 from ..ops._backend import register
-from ._launch import DTYPE_CODES, chain_outputs, library, on_device, pointer, stream_handle, zeroed_workspace
+from .._workspace import zeroed_workspace
+from ._launch import DTYPE_CODES, chain_outputs, library, on_device, pointer, stream_handle
 
 
 def _float32(value: float) -> float:

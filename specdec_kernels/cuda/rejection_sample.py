@@ -10,7 +10,8 @@ import torch
 
 from .. import reference
 from ..ops._backend import register
-from ._launch import DTYPE_CODES, chain_outputs, library, on_device, pointer, stream_handle, zeroed_workspace
+from .._workspace import zeroed_workspace
+from ._launch import DTYPE_CODES, chain_outputs, library, on_device, pointer, stream_handle
 
 
 MAX_LOGITS_DRAFTS = 2047  # csrc/rejection_sample.cu: kMaxLogitsDrafts

@@ -11,7 +11,8 @@ buffer sized by the static shapes only.
 import torch
 
 from ..ops._backend import register
-from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle, zeroed_workspace
+from .._workspace import zeroed_workspace
+from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle
 
 
 def _index(t: torch.Tensor | None) -> tuple[int, bool, int, int]:

@@ -4,7 +4,8 @@ one kernel launch per call, no host sync, buffers sized by (B, N, V) only."""
 import torch
 
 from ..ops._backend import register
-from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle, tree_outputs, zeroed_workspace
+from .._workspace import zeroed_workspace
+from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle, tree_outputs
 
 
 def tree_greedy_verify(target_logits, tree_tokens, parents, *, max_depth: int):

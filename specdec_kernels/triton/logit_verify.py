@@ -1,26 +1,29 @@
 """Triton backends of the logits verification ops: `greedy_verify`, `relaxed_verify`
 (SpecDec), `bild_verify` (BiLD rollback) and `max_prob`.
 
-Design: split-V partials (the usual speculative-decoding batch has few rows and a large V,
-so one program per row would leave the GPU idle), then one small merging kernel. Every
-logits row is read once; no host sync, no data-dependent allocation. Two launches because
-the accept step needs every position's finished statistics (a later step fuses them).
+One launch per call, split over V (the usual speculative-decoding batch has few rows and
+a large V, so one program per row would leave the GPU idle). No host sync, no
+data-dependent allocation; every logits row the contract needs is read once.
 
-1. `_row_stats_kernel`, grid (rows, num_splits): one program streams one chunk of one row
-   in BLOCK_V tiles (fp32 after loading, NaN -> -inf) and writes, for that chunk,
-   - the max and its lowest index (argmax partial, ties -> lowest id);
-   - RANK (relaxed_verify): how many ids rank ahead of the draft at that position,
-     #{v: l_v > l_x} + #{v < x: l_v == l_x} (the draft logit l_x is one extra load);
-     counts add up exactly across chunks;
-   - SUMEXP (bild_verify, max_prob): sum_v exp(l_v - m), m the chunk max, kept with a
-     running max rescaled per tile (online softmax).
-2. `_chain_accept_kernel`, grid (B,): merges every position of a row at once ([g+1, splits]
-   block): argmax, max, rank count, lse = M + log(sum_s S_s * exp(m_s - M)) (lse = M when M
-   is +-inf, like torch.logsumexp); accept flags per position, num_accepted = the first
-   rejection, then output_tokens. No serial walk over positions. MODE picks the rule:
-   greedy (draft == argmax), relaxed (rank and tau) or bild (NLL threshold).
-   `_max_prob_finish_kernel`, grid (cdiv(rows, BLOCK_R),): exp(M - lse), 1 for M = +inf,
-   0 for M = -inf.
+`_chain_verify_kernel`, grid (B*(g+1), num_splits): program (row, split) streams one chunk
+of one logits row (b, position) in BLOCK_V tiles (fp32 after loading, NaN -> -inf) and
+stores, for that chunk,
+  - the max and its lowest index (argmax partial, ties -> lowest id);
+  - RANK (relaxed_verify): how many ids rank ahead of the draft at that position,
+    #{v: l_v > l_x} + #{v < x: l_v == l_x} (the draft logit l_x is one extra load);
+    counts add up exactly across chunks;
+  - SUMEXP (bild_verify): sum_v exp(l_v - m), m the chunk max, kept with a running max
+    rescaled per tile (online softmax).
+Positions past a ragged row's drafts (position > n_b) are never read. Each program then
+takes a ticket from its batch row's counter (`_tickets`); the one that draws the row's
+last ticket merges every position of the row at once ([g+1, splits] block): argmax, max,
+rank count, lse = M + log(sum_s S_s * exp(m_s - M)) (lse = M when M is +-inf, like
+torch.logsumexp); accept flags per position, num_accepted = the first rejection, then
+output_tokens. No serial walk over positions. MODE picks the rule: greedy (draft ==
+argmax), relaxed (rank and tau) or bild (NLL threshold).
+
+`_max_prob_kernel`, grid (rows, num_splits): the SUMEXP statistics of one chunk, a ticket
+per row, and the row's last program stores exp(M - lse) (1 for M = +inf, 0 for M = -inf).
 
 greedy_verify and relaxed_verify are comparisons and counts only, so they match the reference bit for bit
 (tau is rounded to float32, as torch does when comparing a float32 tensor to a Python
@@ -34,43 +37,31 @@ import torch
 import triton
 import triton.language as tl
 
+from .._workspace import zeroed_counters
 from ..ops._backend import register
 from ._launch import chain_outputs, device_scope
+from ._tickets import last_ticket, reset_ticket
 
 BLOCK_V = 1024  # elements per tile (power of two)
 TILES_PER_PROGRAM = 4  # tiles one program streams before the V dimension is split further
 MAX_SPLITS = 64  # cap on programs per row; larger V gives each program more tiles
-# accept rules of _chain_accept_kernel (constexpr so the kernel can branch on them)
+# accept rules of _chain_verify_kernel (constexpr so the kernel can branch on them)
 GREEDY: tl.constexpr = tl.constexpr(0)
 RELAXED: tl.constexpr = tl.constexpr(1)
 BILD: tl.constexpr = tl.constexpr(2)
 
-FINISH_BLOCK_R = 32  # rows per program of the max_prob finishing kernel
-
 
 @triton.jit
-def _row_stats_kernel(logits_ptr, draft_ptr, part_val_ptr, part_idx_ptr, part_cnt_ptr, part_sum_ptr,
-                      vocab, num_pos, g, num_splits, stride_b, stride_p, stride_db, stride_dg,
-                      BLOCK_V: tl.constexpr, TILES: tl.constexpr, ARGMAX: tl.constexpr, RANK: tl.constexpr,
-                      SUMEXP: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # row = b * num_pos + position
-    split = tl.program_id(1).to(tl.int64)
-    b = row // num_pos
-    p = row % num_pos
-    base = logits_ptr + b * stride_b + p * stride_p
-    start = split * (BLOCK_V * TILES)
+def _chunk_stats(base, start, vocab, lx, d, BLOCK_V: tl.constexpr, TILES: tl.constexpr, ARGMAX: tl.constexpr,
+                 RANK: tl.constexpr, SUMEXP: tl.constexpr):
+    """Statistics of the TILES tiles of one row from `start`: (max, lowest argmax id or V,
+    sum exp(x - max), #ids ranking ahead of draft d with logit lx). Unused ones stay 0."""
     lanes = tl.arange(0, BLOCK_V).to(tl.int64)
     big = vocab  # larger than any valid index
     best_val = tl.full((), float("-inf"), tl.float32)
     best_idx = tl.full((), 0, tl.int64) + big
     total = tl.full((), 0.0, tl.float32)  # sum exp(x - best_val) over the chunk so far
     ahead = tl.full((), 0, tl.int32)
-    if RANK:
-        has_draft = p < g  # the bonus position has no draft
-        d = tl.load(draft_ptr + b * stride_db + p * stride_dg, mask=has_draft, other=-1)
-        d_ok = has_draft & (d >= 0) & (d < vocab)
-        lx = tl.load(base + tl.where(d_ok, d, 0), mask=d_ok, other=float("-inf")).to(tl.float32)
-        lx = tl.where(lx != lx, float("-inf"), lx)
     for t in range(TILES):
         offs = start + t * BLOCK_V + lanes
         mask = offs < vocab
@@ -91,14 +82,7 @@ def _row_stats_kernel(logits_ptr, draft_ptr, part_val_ptr, part_idx_ptr, part_cn
             take = (tile_max > best_val) | ((tile_max == best_val) & (tile_idx < best_idx))
             best_idx = tl.where(take, tile_idx, best_idx)
         best_val = new_max
-    out = row * num_splits + split
-    tl.store(part_val_ptr + out, best_val)
-    if ARGMAX:
-        tl.store(part_idx_ptr + out, best_idx)
-    if RANK:
-        tl.store(part_cnt_ptr + out, ahead)
-    if SUMEXP:
-        tl.store(part_sum_ptr + out, total)
+    return best_val, best_idx, total, ahead
 
 
 @triton.jit
@@ -115,42 +99,62 @@ def _merge_lse(vals, sums, mask, AXIS: tl.constexpr):
 
 
 @triton.jit
-def _chain_accept_kernel(logits_ptr, part_val_ptr, part_idx_ptr, part_cnt_ptr, part_sum_ptr, draft_ptr,
-                         counts_ptr, out_ptr, num_acc_ptr, g, vocab, num_splits, stride_b, stride_p,
-                         stride_db, stride_dg, stride_c, stride_ob, top_beta, tau, threshold,
-                         MODE: tl.constexpr, HAS_COUNTS: tl.constexpr, BLOCK_P: tl.constexpr,
-                         BLOCK_S: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    num_pos = g + 1
-    if HAS_COUNTS:
-        n = tl.load(counts_ptr + b * stride_c)
-        n = tl.minimum(tl.maximum(n, 0), g)
-    else:
-        n = tl.full((), 0, tl.int64) + g
-    p = tl.arange(0, BLOCK_P)  # every position 0..g of the row at once
-    s = tl.arange(0, BLOCK_S)
-    mask = (p[:, None] < num_pos) & (s[None, :] < num_splits)
-    offs = (b * num_pos + p)[:, None] * num_splits + s[None, :]
-    vals = tl.load(part_val_ptr + offs, mask=mask, other=float("-inf"))
-    idxs = tl.load(part_idx_ptr + offs, mask=mask, other=vocab)
-    top_val = tl.max(vals, axis=1)
-    top = tl.min(tl.where(mask & (vals == top_val[:, None]), idxs, vocab), axis=1)
-    top = tl.where(top < vocab, top, 0)  # argmax, lowest id among equal maxima (all -inf: 0)
-    d = tl.load(draft_ptr + b * stride_db + p * stride_dg, mask=p < g, other=-1)
-    d_ok = (d >= 0) & (d < vocab)
+def _draft_logits(logits_ptr, draft_ptr, b, p, n, vocab, stride_b, stride_p, stride_db, stride_dg):
+    """(draft id d, its fp32 logit l_x, d in [0, V)) at positions p (scalar or vector) of
+    row b; positions >= n have no draft (d = -1, l_x = -inf). NaN counts as -inf."""
+    has_draft = p < n
+    d = tl.load(draft_ptr + b * stride_db + p * stride_dg, mask=has_draft, other=-1)
+    d_ok = has_draft & (d >= 0) & (d < vocab)
     lx = tl.load(logits_ptr + b * stride_b + p * stride_p + tl.where(d_ok, d, 0), mask=d_ok,
                  other=float("-inf")).to(tl.float32)
-    lx = tl.where(lx != lx, float("-inf"), lx)
+    return d, tl.where(lx != lx, float("-inf"), lx), d_ok
+
+
+@triton.jit
+def _load_partials(ptr, rows, row_mask, num_splits, other, BLOCK_S: tl.constexpr):
+    """([rows, BLOCK_S] partials of `rows`, their mask); masked entries are `other`.
+
+    ".cg" (L2 only): other programs stored these; this SM's L1 may hold stale copies of
+    the same addresses from an earlier call (see _tickets)."""
+    s = tl.arange(0, BLOCK_S)
+    mask = row_mask[:, None] & (s[None, :] < num_splits)
+    offs = rows[:, None] * num_splits + s[None, :]
+    return tl.load(ptr + offs, mask=mask, other=other, cache_modifier=".cg"), mask
+
+
+@triton.jit
+def _merge_argmax(part_val_ptr, part_idx_ptr, rows, row_mask, num_splits, vocab, BLOCK_S: tl.constexpr):
+    """Per row: (max, argmax with the lowest id among equal maxima, all -inf -> 0) from
+    the chunk partials, plus the [rows, BLOCK_S] chunk maxima and their mask."""
+    vals, mask = _load_partials(part_val_ptr, rows, row_mask, num_splits, float("-inf"), BLOCK_S)
+    idxs, _ = _load_partials(part_idx_ptr, rows, row_mask, num_splits, vocab, BLOCK_S)
+    top_val = tl.max(vals, axis=1)
+    top = tl.min(tl.where(mask & (vals == top_val[:, None]), idxs, vocab), axis=1)
+    return top_val, tl.where(top < vocab, top, 0), vals, mask
+
+
+@triton.jit
+def _accept_row(logits_ptr, draft_ptr, part_val_ptr, part_idx_ptr, part_cnt_ptr, part_sum_ptr, out_ptr,
+                num_acc_ptr, b, n, g, vocab, num_splits, stride_b, stride_p, stride_db, stride_dg, stride_ob,
+                top_beta, tau, threshold, MODE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Merge the partials of every position 0..n of row b, accept, store the outputs."""
+    num_pos = g + 1
+    p = tl.arange(0, BLOCK_P)  # every position 0..g of the row at once
+    rows = b * num_pos + p
+    used = p <= n  # positions past n were never written
+    top_val, top, vals, mask = _merge_argmax(part_val_ptr, part_idx_ptr, rows, used, num_splits, vocab, BLOCK_S)
+    d, lx, d_ok = _draft_logits(logits_ptr, draft_ptr, b, p, n, vocab, stride_b, stride_p, stride_db, stride_dg)
     if MODE == GREEDY:
         ok = d == top
     elif MODE == RELAXED:
-        ahead = tl.sum(tl.load(part_cnt_ptr + offs, mask=mask, other=0), axis=1)
+        ahead, _ = _load_partials(part_cnt_ptr, rows, used, num_splits, 0, BLOCK_S)
+        ahead = tl.sum(ahead, axis=1)
         ok = (ahead < top_beta) & ((d == top) | ((top_val - lx) < tau))
     else:
-        sums = tl.load(part_sum_ptr + offs, mask=mask, other=0.0)
+        sums, _ = _load_partials(part_sum_ptr, rows, used, num_splits, 0.0, BLOCK_S)
         _, lse = _merge_lse(vals, sums, mask, 1)
         ok = (lse - lx) <= threshold
-    ok = ok & d_ok & (p < n)  # never true at p >= g
+    ok = ok & d_ok  # d_ok is false at p >= n
     accepted = tl.min(tl.where(ok, BLOCK_P, p), axis=0)  # the first rejection (or the bonus position)
     final = tl.sum(tl.where(p == accepted, top, 0), axis=0)
     # accepted drafts, then the argmax at the first rejection or the bonus argmax, then padding
@@ -160,19 +164,67 @@ def _chain_accept_kernel(logits_ptr, part_val_ptr, part_idx_ptr, part_cnt_ptr, p
 
 
 @triton.jit
-def _max_prob_finish_kernel(part_val_ptr, part_sum_ptr, out_ptr, num_rows, num_splits,
-                            BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    s = tl.arange(0, BLOCK_S)
-    mask = (rows[:, None] < num_rows) & (s[None, :] < num_splits)
-    offs = rows[:, None] * num_splits + s[None, :]
-    vals = tl.load(part_val_ptr + offs, mask=mask, other=float("-inf"))
-    sums = tl.load(part_sum_ptr + offs, mask=mask, other=0.0)
-    top, lse = _merge_lse(vals, sums, mask, 1)
-    finite = tl.abs(top) < float("inf")
-    prob = tl.exp(tl.where(finite, top, 0.0) - tl.where(finite, lse, 0.0))  # exp(max - lse), like the reference
-    prob = tl.where(top == float("inf"), 1.0, tl.where(top == float("-inf"), 0.0, prob))
-    tl.store(out_ptr + rows, prob, mask=rows < num_rows)
+def _chain_verify_kernel(logits_ptr, draft_ptr, counts_ptr, part_val_ptr, part_idx_ptr, part_cnt_ptr,
+                         part_sum_ptr, tickets_ptr, out_ptr, num_acc_ptr, g, vocab, num_splits, stride_b, stride_p,
+                         stride_db, stride_dg, stride_c, stride_ob, top_beta, tau, threshold,
+                         MODE: tl.constexpr, HAS_COUNTS: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr,
+                         BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # row = b * (g+1) + position
+    split = tl.program_id(1).to(tl.int64)
+    b = row // (g + 1)
+    p = row % (g + 1)
+    if HAS_COUNTS:
+        n = tl.load(counts_ptr + b * stride_c).to(tl.int64)
+        n = tl.minimum(tl.maximum(n, 0), g)
+    else:
+        n = tl.full((), 0, tl.int64) + g
+    last = tl.full((), 0, tl.int1)
+    if p <= n:  # positions past the row's drafts are never read, and take no ticket
+        if MODE == RELAXED:
+            d, lx, _ = _draft_logits(logits_ptr, draft_ptr, b, p, n, vocab, stride_b, stride_p, stride_db, stride_dg)
+        else:
+            d = tl.full((), -1, tl.int64)
+            lx = tl.full((), float("-inf"), tl.float32)
+        best_val, best_idx, total, ahead = _chunk_stats(
+            logits_ptr + b * stride_b + p * stride_p, split * (BLOCK_V * TILES), vocab, lx, d,
+            BLOCK_V, TILES, True, MODE == RELAXED, MODE == BILD)
+        out = row * num_splits + split
+        tl.store(part_val_ptr + out, best_val)
+        tl.store(part_idx_ptr + out, best_idx)
+        if MODE == RELAXED:
+            tl.store(part_cnt_ptr + out, ahead)
+        if MODE == BILD:
+            tl.store(part_sum_ptr + out, total)
+        last = last_ticket(tickets_ptr + b, (n + 1) * num_splits)
+    if last:
+        _accept_row(logits_ptr, draft_ptr, part_val_ptr, part_idx_ptr, part_cnt_ptr, part_sum_ptr, out_ptr,
+                    num_acc_ptr, b, n, g, vocab, num_splits, stride_b, stride_p, stride_db, stride_dg, stride_ob,
+                    top_beta, tau, threshold, MODE, BLOCK_P, BLOCK_S)
+        reset_ticket(tickets_ptr + b)
+
+
+@triton.jit
+def _max_prob_kernel(logits_ptr, part_val_ptr, part_sum_ptr, tickets_ptr, out_ptr, vocab, inner, num_splits,
+                     stride_outer, stride_inner, BLOCK_V: tl.constexpr, TILES: tl.constexpr, BLOCK_S: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # row = outer * inner + inner index
+    split = tl.program_id(1).to(tl.int64)
+    base = logits_ptr + (row // inner) * stride_outer + (row % inner) * stride_inner
+    best_val, _, total, _ = _chunk_stats(base, split * (BLOCK_V * TILES), vocab, 0.0, 0, BLOCK_V, TILES,
+                                         False, False, True)
+    tl.store(part_val_ptr + row * num_splits + split, best_val)
+    tl.store(part_sum_ptr + row * num_splits + split, total)
+    if last_ticket(tickets_ptr + row, num_splits):
+        s = tl.arange(0, BLOCK_S)
+        mask = s < num_splits
+        # ".cg": other programs wrote these; skip this SM's (possibly stale) L1 (see _tickets)
+        vals = tl.load(part_val_ptr + row * num_splits + s, mask=mask, other=float("-inf"), cache_modifier=".cg")
+        sums = tl.load(part_sum_ptr + row * num_splits + s, mask=mask, other=0.0, cache_modifier=".cg")
+        top, lse = _merge_lse(vals, sums, mask, 0)
+        finite = tl.abs(top) < float("inf")
+        prob = tl.exp(tl.where(finite, top, 0.0) - tl.where(finite, lse, 0.0))  # exp(max - lse), like the reference
+        prob = tl.where(top == float("inf"), 1.0, tl.where(top == float("-inf"), 0.0, prob))
+        tl.store(out_ptr + row, prob)
+        reset_ticket(tickets_ptr + row)
 
 
 def _split_plan(vocab: int, block_v: int, tiles_per_program: int, max_splits: int) -> tuple[int, int, int]:
@@ -202,23 +254,19 @@ def _launch_chain(target_logits, draft_tokens, num_draft_tokens, *, mode: int, t
     rows = batch * (g + 1)
     part_val = torch.empty(rows, num_splits, dtype=torch.float32, device=device)
     part_idx = torch.empty(rows, num_splits, dtype=torch.int64, device=device)
-    rank, sumexp = mode == RELAXED.value and g > 0, mode == BILD.value and g > 0  # the bonus position needs only the argmax
-    part_cnt = torch.empty(rows, num_splits, dtype=torch.int32, device=device) if rank else part_idx
-    part_sum = torch.empty(rows, num_splits, dtype=torch.float32, device=device) if sumexp else part_val
+    # rank counts (relaxed) and exp sums (bild) only when the rule reads them and there are drafts
+    part_cnt = torch.empty(rows, num_splits, dtype=torch.int32, device=device) if mode == RELAXED.value else part_idx
+    part_sum = torch.empty(rows, num_splits, dtype=torch.float32, device=device) if mode == BILD.value else part_val
+    tickets = zeroed_counters(device, batch)
+    counts = draft_tokens if num_draft_tokens is None else num_draft_tokens  # placeholder when absent
     with device_scope(device):
-        _row_stats_kernel[(rows, num_splits)](
-            target_logits, draft_tokens, part_val, part_idx, part_cnt, part_sum,
-            vocab, g + 1, g, num_splits, target_logits.stride(0), target_logits.stride(1),
-            draft_tokens.stride(0), draft_tokens.stride(1),
-            BLOCK_V=block_v, TILES=tiles, ARGMAX=True, RANK=rank, SUMEXP=sumexp)
-        counts = draft_tokens if num_draft_tokens is None else num_draft_tokens  # placeholder when absent
-        _chain_accept_kernel[(batch,)](
-            target_logits, part_val, part_idx, part_cnt, part_sum, draft_tokens, counts, out_tokens, num_accepted,
-            g, vocab, num_splits, target_logits.stride(0), target_logits.stride(1),
+        _chain_verify_kernel[(rows, num_splits)](
+            target_logits, draft_tokens, counts, part_val, part_idx, part_cnt, part_sum, tickets, out_tokens,
+            num_accepted, g, vocab, num_splits, target_logits.stride(0), target_logits.stride(1),
             draft_tokens.stride(0), draft_tokens.stride(1),
             0 if num_draft_tokens is None else num_draft_tokens.stride(0), out_tokens.stride(0),
             min(top_beta, vocab + 1), _float32(tau), _float32(threshold),  # a rank is at most V - 1
-            MODE=mode, HAS_COUNTS=num_draft_tokens is not None,
+            MODE=mode, HAS_COUNTS=num_draft_tokens is not None, BLOCK_V=block_v, TILES=tiles,
             BLOCK_P=max(2, triton.next_power_of_2(g + 1)), BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
     return out_tokens, num_accepted
 
@@ -254,14 +302,11 @@ def _launch_max_prob(logits, *, block_v: int = BLOCK_V, tiles_per_program: int =
     block_v, tiles, num_splits = _split_plan(vocab, block_v, tiles_per_program, max_splits)
     part_val = torch.empty(rows, num_splits, dtype=torch.float32, device=logits.device)
     part_sum = torch.empty(rows, num_splits, dtype=torch.float32, device=logits.device)
+    tickets = zeroed_counters(logits.device, rows)
     with device_scope(logits.device):
-        _row_stats_kernel[(rows, num_splits)](
-            rows3, part_val, part_val, part_val, part_val, part_sum,
-            vocab, rows3.shape[1], 0, num_splits, rows3.stride(0), rows3.stride(1), 0, 0,
-            BLOCK_V=block_v, TILES=tiles, ARGMAX=False, RANK=False, SUMEXP=True)
-        _max_prob_finish_kernel[(triton.cdiv(rows, FINISH_BLOCK_R),)](
-            part_val, part_sum, out, rows, num_splits,
-            BLOCK_R=FINISH_BLOCK_R, BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+        _max_prob_kernel[(rows, num_splits)](
+            rows3, part_val, part_sum, tickets, out, vocab, rows3.shape[1], num_splits, rows3.stride(0),
+            rows3.stride(1), BLOCK_V=block_v, TILES=tiles, BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
     return out
 
 

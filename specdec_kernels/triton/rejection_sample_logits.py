@@ -2,29 +2,33 @@
 temperature, p = softmax(target_logits / T), q = softmax(draft_logits / T) in float32,
 without ever writing a softmax to memory.
 
-Two launches (the accept step needs every position's finished row statistics, and a row's
-statistics are split over programs; a later step could fuse them with a cross-program
-handshake). No host sync, no data-dependent allocation.
+One launch, grid (B*(g+1) + B*g, num_splits), no host sync, no data-dependent allocation:
 
-1. `_softmax_stats_kernel`, grid (B*(g+1) + B*g, num_splits): the split-V row statistics of
-   `logit_verify._row_stats_kernel` (SUMEXP) with a temperature, over the target rows and
-   the draft rows in one launch. One program streams one chunk of one row in BLOCK_V tiles
-   (widened to float32, z = x / T with IEEE division, as torch divides) and writes the chunk
-   max m and sum exp(z - m) (online softmax: a running max rescaled per tile). A chunk with
-   a NaN writes a NaN sum. Rows a ragged row never uses (target positions > n_b, draft
-   positions >= n_b) read nothing.
-2. `_accept_draw_kernel`, grid (B,): merges each position's chunks (M = max, S = sum
-   S_s * exp(m_s - M)); p(v) = exp(z_v - M) / S. A row with a NaN, a +inf, or no finite
-   value (all -inf) is all NaN in torch.softmax, and so here (its p and q are NaN).
-   It gathers p(x_i), q(x_i), draws the coins exactly as `rejection_sample` (caller
-   uniforms, or Philox(seed, offsets[b] + i, row key, SALT_ACCEPT)), accepts while
-   u * q < p in float64, then streams the one row pair the final token comes from (the
-   residual max(0, p - q) at the first rejection, the bonus row p otherwise) twice with the
-   fixed-point rules of `reference._sampling`: pass 1 sums the weights of the residual and
-   of p, pass 2 counts the ids whose running cdf is <= floor(u * total)
-   (u = Philox(seed, offsets[b] + num_accepted, row key, SALT_FINAL) in seeded mode). An
-   empty residual (p == q, or a NaN q row) draws from p; a row without mass (a NaN p row)
-   gives 0. Ids are always in [0, V) and no load leaves its row.
+1. Program (row, split) owns one chunk of one row: the target rows first, then the draft
+   rows. It computes split-V softmax statistics like `logit_verify`'s (SUMEXP), with a
+   temperature: it streams the chunk in BLOCK_V tiles (widened to float32, z = x / T
+   with IEEE division, as torch divides) and stores the chunk max m and sum exp(z - m)
+   (online softmax: a running max rescaled per tile). A chunk with a NaN stores a NaN sum.
+   Rows a ragged row never uses (target positions > n_b, draft positions >= n_b) are not
+   read and take no ticket.
+2. It takes a ticket from its batch row's counter (`_tickets`); the program that draws the
+   last of the row's (2 n_b + 1) * num_splits tickets (`_accept_draw`) merges each
+   position's chunks (M = max, S = sum S_s * exp(m_s - M)); p(v) = exp(z_v - M) / S. A
+   row with a NaN, a +inf, or no finite value (all -inf) is all NaN in torch.softmax, and
+   so here (its p and q are NaN). It gathers p(x_i), q(x_i), draws the coins exactly as
+   `rejection_sample` (caller uniforms, or Philox(seed, offsets[b] + i, row key,
+   SALT_ACCEPT)), accepts while u * q < p in float64, then streams the one row pair the
+   final token comes from (the residual max(0, p - q) at the first rejection, the bonus
+   row p otherwise) twice with the fixed-point rules of `reference._sampling`: pass 1 sums
+   the weights of the residual and of p, pass 2 counts the ids whose running cdf is
+   <= floor(u * total) (u = Philox(seed, offsets[b] + num_accepted, row key, SALT_FINAL)
+   in seeded mode). An empty residual (p == q, or a NaN q row) draws from p; a row without
+   mass (a NaN p row) gives 0. Ids are always in [0, V) and no load leaves its row. It
+   then stores 0 back into the counter.
+
+The final draw is done by that one program over the whole final row (the CUDA kernel does
+the same): the row's softmax statistics are only known once every chunk is merged, so a
+split draw would need a second handshake.
 
 Exactness contract: z = x / T is bit-identical to the reference and so are the row maxima,
 but exp and the summation order differ from torch's in the last ulps, so p and q carry a
@@ -41,11 +45,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .._workspace import zeroed_counters
 from ..ops._backend import register
 from ._fixed_point import count_at_or_below, draw_threshold, to_weights
 from ._launch import chain_outputs, device_scope, randomness_mode
 from ._philox import INT_SEED, ROW_SEEDS, SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform
-from .logit_verify import _split_plan
+from ._tickets import last_ticket, reset_ticket
+from .logit_verify import _load_partials, _split_plan
 
 BLOCK_V = 1024  # vocabulary elements per tile (power of two)
 TILES_PER_PROGRAM = 4  # tiles one stats program streams before V is split further
@@ -61,44 +67,16 @@ def _scale(x, temp):
 
 
 @triton.jit
-def _softmax_stats_kernel(target_ptr, draft_ptr, temps_ptr, counts_ptr, part_max_ptr, part_sum_ptr,
-                          temperature, g, vocab, num_splits, target_rows,
-                          stride_tb, stride_tp, stride_qb, stride_qp, stride_temp, stride_c,
-                          PER_ROW_TEMP: tl.constexpr, HAS_COUNTS: tl.constexpr,
-                          BLOCK_V: tl.constexpr, TILES: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # target rows b * (g+1) + i first, then draft rows b * g + i
-    split = tl.program_id(1).to(tl.int64)
-    if row < target_rows:
-        b = row // (g + 1)
-        pos = row % (g + 1)
-        base = target_ptr + b * stride_tb + pos * stride_tp
-        last_needed = pos  # target position pos is read when pos <= n_b
-    else:
-        r = row - target_rows
-        gd = tl.maximum(g, 1)  # only reached when g >= 1
-        b = r // gd
-        pos = r % gd
-        base = draft_ptr + b * stride_qb + pos * stride_qp
-        last_needed = pos + 1  # draft position pos is read when pos < n_b
-    if HAS_COUNTS:
-        n = tl.load(counts_ptr + b * stride_c).to(tl.int64)
-        n = tl.minimum(tl.maximum(n, 0), g)
-    else:
-        n = tl.full((), 0, tl.int64) + g
-    if PER_ROW_TEMP:
-        temp = tl.load(temps_ptr + b * stride_temp).to(tl.float32)
-    else:
-        temp = tl.full((), 0.0, tl.float32) + temperature
-    # a vector limit rather than `mask & flag` (some interpreter versions reject the latter)
-    limit = tl.where(last_needed <= n, vocab, 0)
-    start = split * (BLOCK_V * TILES)
+def _chunk_softmax_stats(base, start, vocab, temp, BLOCK_V: tl.constexpr, TILES: tl.constexpr):
+    """(max m, sum exp(z - m)) of z = x / T over the TILES tiles of one row from `start`;
+    the sum is NaN when the chunk holds a NaN (which makes the whole softmax row NaN)."""
     lanes = tl.arange(0, BLOCK_V).to(tl.int64)
     best = tl.full((), float("-inf"), tl.float32)
     total = tl.full((), 0.0, tl.float32)  # sum exp(z - best) over the chunk so far
     nans = tl.full((), 0, tl.int32)
     for t in range(TILES):
         offs = start + t * BLOCK_V + lanes
-        mask = offs < limit
+        mask = offs < vocab
         x = tl.load(base + offs, mask=mask, other=float("-inf")).to(tl.float32)
         z = _scale(x, temp)  # IEEE x / T, like torch (T > 0 keeps -inf at -inf)
         is_nan = z != z
@@ -110,21 +88,15 @@ def _softmax_stats_kernel(target_ptr, draft_ptr, temps_ptr, counts_ptr, part_max
         shift = tl.where(tl.abs(new_max) < float("inf"), new_max, 0.0)
         total = total * tl.exp(best - shift) + tl.sum(tl.exp(z - shift), axis=0)
         best = new_max
-    total = tl.where(nans > 0, float("nan"), total)  # a NaN anywhere makes the whole row NaN
-    out = row * num_splits + split
-    tl.store(part_max_ptr + out, best)
-    tl.store(part_sum_ptr + out, total)
+    return best, tl.where(nans > 0, float("nan"), total)
 
 
 @triton.jit
 def _merge_stats(part_max_ptr, part_sum_ptr, rows, row_mask, num_splits, BLOCK_S: tl.constexpr):
     """Per row of `rows`: (max M, sum exp(z - M), usable) from its chunk partials. usable is
     False where torch.softmax gives an all-NaN row: a NaN, a +inf, or no finite value."""
-    s = tl.arange(0, BLOCK_S)
-    mask = row_mask[:, None] & (s[None, :] < num_splits)
-    offs = rows[:, None] * num_splits + s[None, :]
-    vals = tl.load(part_max_ptr + offs, mask=mask, other=float("-inf"))
-    sums = tl.load(part_sum_ptr + offs, mask=mask, other=0.0)
+    vals, mask = _load_partials(part_max_ptr, rows, row_mask, num_splits, float("-inf"), BLOCK_S)
+    sums, _ = _load_partials(part_sum_ptr, rows, row_mask, num_splits, 0.0, BLOCK_S)
     top = tl.max(vals, axis=1)
     finite = tl.abs(top) < float("inf")
     shift = tl.where(finite, top, 0.0)
@@ -145,31 +117,20 @@ def _pick(values, lanes, index):
     return tl.sum(tl.where(lanes == index, values, 0), axis=0)
 
 
-@triton.jit(do_not_specialize=["seed"])
-def _accept_draw_kernel(
-        target_ptr, draft_ptr, draft_tok_ptr, temps_ptr, part_max_ptr, part_sum_ptr,
-        uniforms_ptr, seeds_ptr, offsets_ptr, counts_ptr, out_ptr, num_acc_ptr,
-        temperature, seed, g, vocab, num_splits, target_rows,
-        stride_tb, stride_tp, stride_qb, stride_qp, stride_db, stride_dg, stride_temp,
-        stride_ub, stride_up, stride_s, stride_o, stride_c, stride_ob,
-        RANDOM: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_COUNTS: tl.constexpr, PER_ROW_TEMP: tl.constexpr,
-        BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    if HAS_COUNTS:
-        n = tl.load(counts_ptr + b * stride_c).to(tl.int64)
-        n = tl.minimum(tl.maximum(n, 0), g)
-    else:
-        n = tl.full((), 0, tl.int64) + g
-    if PER_ROW_TEMP:
-        temp = tl.load(temps_ptr + b * stride_temp).to(tl.float32)
-    else:
-        temp = tl.full((), 0.0, tl.float32) + temperature
-
+@triton.jit
+def _accept_draw(
+        target_ptr, draft_ptr, draft_tok_ptr, part_max_ptr, part_sum_ptr, uniforms_ptr, seeds_ptr, offsets_ptr,
+        out_ptr, num_acc_ptr, b, n, temp, seed, g, vocab, num_splits, target_rows,
+        stride_tb, stride_tp, stride_qb, stride_qp, stride_db, stride_dg, stride_ub, stride_up, stride_s, stride_o,
+        stride_ob, RANDOM: tl.constexpr, HAS_OFFSETS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr,
+        BLOCK_V: tl.constexpr):
+    """Batch row b once every chunk of its rows is stored: merge, accept, draw, store."""
     # ---- row statistics of every position (target 0..g, draft 0..g-1)
     j = tl.arange(0, BLOCK_P).to(tl.int64)
-    slot = j < g
-    t_max, t_sum, t_ok = _merge_stats(part_max_ptr, part_sum_ptr, b * (g + 1) + j, j < g + 1, num_splits, BLOCK_S)
-    q_max, q_sum, q_ok = _merge_stats(part_max_ptr, part_sum_ptr, target_rows + b * g + j, slot, num_splits, BLOCK_S)
+    slot = j < n  # the drafts of the row (slots past n_b are never read)
+    # rows the batch row does not use were never written: target j > n, draft j >= n
+    t_max, t_sum, t_ok = _merge_stats(part_max_ptr, part_sum_ptr, b * (g + 1) + j, j <= n, num_splits, BLOCK_S)
+    q_max, q_sum, q_ok = _merge_stats(part_max_ptr, part_sum_ptr, target_rows + b * g + j, j < n, num_splits, BLOCK_S)
 
     # ---- acceptance: p(x_j), q(x_j) from one gathered logit each
     tok = tl.load(draft_tok_ptr + b * stride_db + j * stride_dg, mask=slot, other=-1)
@@ -205,8 +166,8 @@ def _accept_draw_kernel(
         finals = tl.sum(tl.where(which == 1, draws, 0.0), axis=0)
 
     # u * q < p without dividing: q == 0 < p accepts, p == 0 and NaN never do
-    accept = (coins * q_tok < p_tok) & in_range & slot & (j < n)
-    num_acc = tl.min(tl.where(accept, g, j), axis=0).to(tl.int64)  # first rejected slot, or g
+    accept = (coins * q_tok < p_tok) & in_range & slot
+    num_acc = tl.min(tl.where(accept, g, j), axis=0).to(tl.int64)  # first rejected slot, or n
 
     # ---- the final draw from one row pair
     if RANDOM == UNIFORMS:
@@ -266,6 +227,53 @@ def _accept_draw_kernel(
     tl.store(num_acc_ptr + b, num_acc)
 
 
+@triton.jit(do_not_specialize=["seed"])
+def _rejection_sample_logits_kernel(
+        target_ptr, draft_ptr, draft_tok_ptr, temps_ptr, part_max_ptr, part_sum_ptr, tickets_ptr,
+        uniforms_ptr, seeds_ptr, offsets_ptr, counts_ptr, out_ptr, num_acc_ptr,
+        temperature, seed, g, vocab, num_splits, target_rows,
+        stride_tb, stride_tp, stride_qb, stride_qp, stride_db, stride_dg, stride_temp,
+        stride_ub, stride_up, stride_s, stride_o, stride_c, stride_ob,
+        RANDOM: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_COUNTS: tl.constexpr, PER_ROW_TEMP: tl.constexpr,
+        BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, STATS_BLOCK_V: tl.constexpr,
+        TILES: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # target rows b * (g+1) + i first, then draft rows b * g + i
+    split = tl.program_id(1).to(tl.int64)
+    if row < target_rows:
+        b = row // (g + 1)
+        pos = row % (g + 1)
+        base = target_ptr + b * stride_tb + pos * stride_tp
+        last_needed = pos  # target position pos is read when pos <= n_b
+    else:
+        r = row - target_rows
+        gd = tl.maximum(g, 1)  # only reached when g >= 1
+        b = r // gd
+        pos = r % gd
+        base = draft_ptr + b * stride_qb + pos * stride_qp
+        last_needed = pos + 1  # draft position pos is read when pos < n_b
+    if HAS_COUNTS:
+        n = tl.load(counts_ptr + b * stride_c).to(tl.int64)
+        n = tl.minimum(tl.maximum(n, 0), g)
+    else:
+        n = tl.full((), 0, tl.int64) + g
+    if PER_ROW_TEMP:
+        temp = tl.load(temps_ptr + b * stride_temp).to(tl.float32)
+    else:
+        temp = tl.full((), 0.0, tl.float32) + temperature
+    last = tl.full((), 0, tl.int1)
+    if last_needed <= n:  # rows the batch row never uses are not read and take no ticket
+        best, total = _chunk_softmax_stats(base, split * (STATS_BLOCK_V * TILES), vocab, temp, STATS_BLOCK_V, TILES)
+        tl.store(part_max_ptr + row * num_splits + split, best)
+        tl.store(part_sum_ptr + row * num_splits + split, total)
+        last = last_ticket(tickets_ptr + b, (2 * n + 1) * num_splits)
+    if last:
+        _accept_draw(target_ptr, draft_ptr, draft_tok_ptr, part_max_ptr, part_sum_ptr, uniforms_ptr, seeds_ptr,
+                     offsets_ptr, out_ptr, num_acc_ptr, b, n, temp, seed, g, vocab, num_splits, target_rows,
+                     stride_tb, stride_tp, stride_qb, stride_qp, stride_db, stride_dg, stride_ub, stride_up,
+                     stride_s, stride_o, stride_ob, RANDOM, HAS_OFFSETS, BLOCK_P, BLOCK_S, BLOCK_V)
+        reset_ticket(tickets_ptr + b)
+
+
 def _launch(target_logits, draft_logits, draft_tokens, *, temperature=1.0, uniforms=None, seed=None, offsets=None,
             num_draft_tokens=None, block_v: int = BLOCK_V, tiles_per_program: int = TILES_PER_PROGRAM,
             max_splits: int = MAX_SPLITS):
@@ -294,15 +302,10 @@ def _launch(target_logits, draft_logits, draft_tokens, *, temperature=1.0, unifo
     rows = target_rows + batch * g
     part_max = torch.empty(rows, num_splits, dtype=torch.float32, device=device)
     part_sum = torch.empty(rows, num_splits, dtype=torch.float32, device=device)
+    tickets = zeroed_counters(device, batch)
     with device_scope(device):
-        _softmax_stats_kernel[(rows, num_splits)](
-            target_logits, draft_logits, temps_t, counts_t, part_max, part_sum,
-            temp_value, g, vocab, num_splits, target_rows,
-            target_logits.stride(0), target_logits.stride(1), draft_logits.stride(0), draft_logits.stride(1),
-            stride_temp, stride_c,
-            PER_ROW_TEMP=per_row_temp, HAS_COUNTS=num_draft_tokens is not None, BLOCK_V=stats_block_v, TILES=tiles)
-        _accept_draw_kernel[(batch,)](
-            target_logits, draft_logits, draft_tokens, temps_t, part_max, part_sum,
+        _rejection_sample_logits_kernel[(rows, num_splits)](
+            target_logits, draft_logits, draft_tokens, temps_t, part_max, part_sum, tickets,
             uniforms_t, seeds_t, offsets_t, counts_t, out_tokens, num_accepted,
             temp_value, seed_int, g, vocab, num_splits, target_rows,
             target_logits.stride(0), target_logits.stride(1), draft_logits.stride(0), draft_logits.stride(1),
@@ -313,7 +316,7 @@ def _launch(target_logits, draft_logits, draft_tokens, *, temperature=1.0, unifo
             RANDOM=mode, HAS_OFFSETS=offsets is not None and mode != UNIFORMS.value,
             HAS_COUNTS=num_draft_tokens is not None, PER_ROW_TEMP=per_row_temp,
             BLOCK_P=max(2, triton.next_power_of_2(g + 1)), BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
-            BLOCK_V=min(block_v, max(16, triton.next_power_of_2(vocab))))
+            BLOCK_V=min(block_v, max(16, triton.next_power_of_2(vocab))), STATS_BLOCK_V=stats_block_v, TILES=tiles)
     return out_tokens, num_accepted
 
 

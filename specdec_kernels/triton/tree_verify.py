@@ -1,18 +1,24 @@
 """Triton backends of `tree_greedy_verify` and `tree_rejection_sample` (token trees).
 
-One launch, grid (B,): one program per tree row, no host sync and no data-dependent
-allocation. A row is a serial walk from the root, one level per step, and the levels
-depend on each other (the next node is the child accepted at this one), so the program
-keeps the walk in registers: the row's `parents` and `tree_tokens` as BLOCK_N =
-next_power_of_2(N) lanes, the current node, and the accepted path (nodes and tokens, at
-most N entries). Node i's children are the lanes j > i with parents[j] == i; the next one
-to try is the smallest such lane above the last one tried, so siblings go in index order
-without building a children table. The outputs are stored once at the end (the path,
-then -1 up to max_depth + 1).
+One launch per call, no host sync and no data-dependent allocation. A row is a serial
+walk from the root, one level per step, and the levels depend on each other (the next
+node is the child accepted at this one), so one program keeps the walk in registers: the
+row's `parents` and `tree_tokens` as BLOCK_N = next_power_of_2(N) lanes, the current
+node, and the accepted path (nodes and tokens, at most N entries). Node i's children are
+the lanes j > i with parents[j] == i; the next one to try is the smallest such lane above
+the last one tried, so siblings go in index order without building a children table. The
+outputs are stored once at the end (the path, then -1 up to max_depth + 1).
 
-tree_greedy_verify: per visited node one pass over the node's logits row (fp32 after
-loading, NaN -> -inf, ties -> lowest id, all -inf -> 0), then a lane compare finds the
-first child whose token is the argmax. Nothing else is read.
+tree_greedy_verify: at each visited node a lane compare finds the first child whose token
+is the node's argmax (fp32 after loading, NaN -> -inf, ties -> lowest id, all -inf -> 0).
+Two kernels, chosen from (B, N, max_depth) only (`SPLIT_ROWS_PER_LEVEL`):
+- large B, `_tree_greedy_kernel`, grid (B,): one program per row streams each visited
+  node's row when it gets there. Nothing else is read.
+- small B, `_tree_greedy_split_kernel`, grid (B*N, splits): the argmax partials of every
+  node the walk could reach (the root, or a parent in [0, node)) are computed split over V
+  in parallel, as `greedy_verify` does for a chain; the program that draws the row's last
+  ticket (`_tickets`) merges them into one argmax per node and walks the tree in registers.
+  This reads the rows of unvisited nodes too, but in parallel instead of one after another.
 
 tree_rejection_sample: at node `cur` (p = target_probs[b, cur]) the children are tried in
 index order with the reference's fixed-point rules (reference/tree_verify.py):
@@ -37,20 +43,31 @@ the depth of the node the walk is at. Everything is integer or exactly rounded a
 the reference's float64 expressions, so both ops equal the reference bit for bit on
 every dtype.
 
-One program per row leaves most SMs idle for small B and large V; splitting the residual
-passes over programs is a later step.
+tree_rejection_sample runs one program per row (grid (B,)), which leaves most SMs idle for
+small B and large V: splitting its residual passes over programs would need a cross-program
+handshake per rejected child, which one launch cannot do without programs waiting on each
+other.
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from .._workspace import zeroed_counters
 from ..ops._backend import register
 from ._fixed_point import count_at_or_below, draw_threshold, to_weights
 from ._launch import device_scope, randomness_mode, tree_outputs
 from ._philox import INT_SEED, ROW_SEEDS, SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform
+from ._tickets import last_ticket, reset_ticket
+from .logit_verify import MAX_SPLITS, TILES_PER_PROGRAM, _chunk_stats, _merge_argmax, _split_plan
 
 BLOCK_V = 1024  # vocabulary elements per tile (power of two)
+# tree_greedy_verify at small B reads every node the walk could reach, split over V, in
+# parallel; otherwise one program per row walks and streams only the visited rows, one
+# after another at the speed of one SM. The parallel read wins while B * N stays below
+# about (max_depth + 1) times the ratio of HBM to one SM's bandwidth: this estimate of
+# that ratio is to be tuned on a GPU.
+SPLIT_ROWS_PER_LEVEL = 32
 
 
 # ------------------------------------------------------------------ shared device helpers
@@ -98,22 +115,21 @@ def _row_argmax(row_ptr, vocab, BLOCK_V: tl.constexpr):
 # ------------------------------------------------------------------ tree_greedy_verify
 
 @triton.jit
-def _tree_greedy_kernel(logits_ptr, tok_ptr, par_ptr, out_ptr, num_acc_ptr, nodes_ptr, n, vocab, max_depth,
-                        stride_lb, stride_ln, stride_tb, stride_tn, stride_pb, stride_pn, stride_ob, stride_nb,
-                        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    lanes = tl.arange(0, BLOCK_N).to(tl.int64)
-    in_tree = lanes < n
-    par = tl.load(par_ptr + b * stride_pb + lanes * stride_pn, mask=in_tree, other=-2).to(tl.int64)
-    tok = tl.load(tok_ptr + b * stride_tb + lanes * stride_tn, mask=in_tree, other=-1).to(tl.int64)
-
+def _greedy_walk(logits_ptr, par, tok, lanes, argmax_vec, b, n, vocab, max_depth, stride_lb, stride_ln,
+                 out_ptr, num_acc_ptr, nodes_ptr, stride_ob, stride_nb, BLOCK_N: tl.constexpr,
+                 BLOCK_V: tl.constexpr, MERGED: tl.constexpr):
+    """Walk row b from the root and store its outputs. MERGED: each node's argmax is lane
+    `node` of argmax_vec; otherwise each visited node's row is streamed here."""
     out_vec = tl.full((BLOCK_N,), -1, tl.int64)
     nodes_vec = tl.where(lanes == 0, 0, out_vec)
     cur = tl.full((), 0, tl.int64)
     level = tl.full((), 0, tl.int64)
     alive = tl.full((), 1, tl.int1)
     while alive:
-        want = _row_argmax(logits_ptr + b * stride_lb + cur * stride_ln, vocab, BLOCK_V)
+        if MERGED:
+            want = tl.sum(tl.where(lanes == cur, argmax_vec, 0), axis=0)
+        else:
+            want = _row_argmax(logits_ptr + b * stride_lb + cur * stride_ln, vocab, BLOCK_V)
         # no child at depth max_depth; a vector limit rather than `block & scalar flag`
         # (some Triton interpreter versions reject the latter)
         limit = tl.where(level < max_depth, n, 0)
@@ -128,6 +144,55 @@ def _tree_greedy_kernel(logits_ptr, tok_ptr, par_ptr, out_ptr, num_acc_ptr, node
         alive = moving
     tl.store(num_acc_ptr + b, level)
     _store_path(out_ptr, nodes_ptr, out_vec, nodes_vec, lanes, b, stride_ob, stride_nb, max_depth + 1, BLOCK_N)
+
+
+@triton.jit
+def _load_tree(tok_ptr, par_ptr, b, n, stride_tb, stride_tn, stride_pb, stride_pn, BLOCK_N: tl.constexpr):
+    """(lanes, parents, tokens) of row b as BLOCK_N lanes (parents -2, tokens -1 past n)."""
+    lanes = tl.arange(0, BLOCK_N).to(tl.int64)
+    in_tree = lanes < n
+    par = tl.load(par_ptr + b * stride_pb + lanes * stride_pn, mask=in_tree, other=-2).to(tl.int64)
+    tok = tl.load(tok_ptr + b * stride_tb + lanes * stride_tn, mask=in_tree, other=-1).to(tl.int64)
+    return lanes, par, tok
+
+
+@triton.jit
+def _tree_greedy_kernel(logits_ptr, tok_ptr, par_ptr, out_ptr, num_acc_ptr, nodes_ptr, n, vocab, max_depth,
+                        stride_lb, stride_ln, stride_tb, stride_tn, stride_pb, stride_pn, stride_ob, stride_nb,
+                        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One program per row: the walk streams each visited node's row (reads only those)."""
+    b = tl.program_id(0).to(tl.int64)
+    lanes, par, tok = _load_tree(tok_ptr, par_ptr, b, n, stride_tb, stride_tn, stride_pb, stride_pn, BLOCK_N)
+    _greedy_walk(logits_ptr, par, tok, lanes, lanes, b, n, vocab, max_depth, stride_lb, stride_ln, out_ptr,
+                 num_acc_ptr, nodes_ptr, stride_ob, stride_nb, BLOCK_N, BLOCK_V, False)
+
+
+@triton.jit
+def _tree_greedy_split_kernel(logits_ptr, tok_ptr, par_ptr, part_val_ptr, part_idx_ptr, tickets_ptr, out_ptr,
+                              num_acc_ptr, nodes_ptr, n, vocab, max_depth, num_splits,
+                              stride_lb, stride_ln, stride_tb, stride_tn, stride_pb, stride_pn, stride_ob,
+                              stride_nb, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr,
+                              BLOCK_S: tl.constexpr):
+    """Grid (B*N, num_splits): split-V argmax partials of every node the walk could reach,
+    then the row's last ticket merges them and walks the tree (see the module doc)."""
+    row = tl.program_id(0).to(tl.int64)  # row = b * N + node
+    split = tl.program_id(1).to(tl.int64)
+    b = row // n
+    node = row % n
+    parent = tl.load(par_ptr + b * stride_pb + node * stride_pn).to(tl.int64)
+    if (node == 0) | ((parent >= 0) & (parent < node)):  # others can never be visited: not read
+        best_val, best_idx, _, _ = _chunk_stats(logits_ptr + b * stride_lb + node * stride_ln,
+                                                split * (BLOCK_V * TILES), vocab, 0.0, 0, BLOCK_V, TILES,
+                                                True, False, False)
+        tl.store(part_val_ptr + row * num_splits + split, best_val)
+        tl.store(part_idx_ptr + row * num_splits + split, best_idx)
+    if last_ticket(tickets_ptr + b, n * num_splits):  # every program counts, read or not
+        lanes, par, tok = _load_tree(tok_ptr, par_ptr, b, n, stride_tb, stride_tn, stride_pb, stride_pn, BLOCK_N)
+        readable = (lanes < n) & ((lanes == 0) | ((par >= 0) & (par < lanes)))  # as above
+        _, top, _, _ = _merge_argmax(part_val_ptr, part_idx_ptr, b * n + lanes, readable, num_splits, vocab, BLOCK_S)
+        _greedy_walk(logits_ptr, par, tok, lanes, top, b, n, vocab, max_depth, stride_lb, stride_ln, out_ptr,
+                     num_acc_ptr, nodes_ptr, stride_ob, stride_nb, BLOCK_N, BLOCK_V, True)
+        reset_ticket(tickets_ptr + b)
 
 
 # ------------------------------------------------------------------ tree_rejection_sample
@@ -313,18 +378,38 @@ def _block_v(vocab: int, block_v: int) -> int:
     return min(block_v, max(16, triton.next_power_of_2(vocab)))
 
 
-def _launch_greedy(target_logits, tree_tokens, parents, *, max_depth: int, block_v: int = BLOCK_V):
+def _use_split_greedy(batch: int, n: int, max_depth: int) -> bool:
+    """Static choice of tree_greedy_verify's kernel (see SPLIT_ROWS_PER_LEVEL)."""
+    return batch * n <= SPLIT_ROWS_PER_LEVEL * (max_depth + 1)
+
+
+def _launch_greedy(target_logits, tree_tokens, parents, *, max_depth: int, block_v: int = BLOCK_V,
+                   split: bool | None = None, tiles_per_program: int = TILES_PER_PROGRAM,
+                   max_splits: int = MAX_SPLITS):
     batch, n = tree_tokens.shape
     vocab = target_logits.shape[-1]
+    device = tree_tokens.device
     out_tokens, num_accepted, accepted_nodes = tree_outputs(tree_tokens, max_depth)
     if batch == 0:
         return out_tokens, num_accepted, accepted_nodes
-    with device_scope(tree_tokens.device):
-        _tree_greedy_kernel[(batch,)](
-            target_logits, tree_tokens, parents, out_tokens, num_accepted, accepted_nodes, n, vocab, max_depth,
-            target_logits.stride(0), target_logits.stride(1), tree_tokens.stride(0), tree_tokens.stride(1),
-            parents.stride(0), parents.stride(1), out_tokens.stride(0), accepted_nodes.stride(0),
-            BLOCK_N=triton.next_power_of_2(n), BLOCK_V=_block_v(vocab, block_v))
+    strides = (target_logits.stride(0), target_logits.stride(1), tree_tokens.stride(0), tree_tokens.stride(1),
+               parents.stride(0), parents.stride(1), out_tokens.stride(0), accepted_nodes.stride(0))
+    if split is None:
+        split = _use_split_greedy(batch, n, max_depth)
+    with device_scope(device):
+        if not split:
+            _tree_greedy_kernel[(batch,)](
+                target_logits, tree_tokens, parents, out_tokens, num_accepted, accepted_nodes, n, vocab, max_depth,
+                *strides, BLOCK_N=triton.next_power_of_2(n), BLOCK_V=_block_v(vocab, block_v))
+            return out_tokens, num_accepted, accepted_nodes
+        block_v, tiles, num_splits = _split_plan(vocab, block_v, tiles_per_program, max_splits)
+        part_val = torch.empty(batch * n, num_splits, dtype=torch.float32, device=device)
+        part_idx = torch.empty(batch * n, num_splits, dtype=torch.int64, device=device)
+        tickets = zeroed_counters(device, batch)
+        _tree_greedy_split_kernel[(batch * n, num_splits)](
+            target_logits, tree_tokens, parents, part_val, part_idx, tickets, out_tokens, num_accepted,
+            accepted_nodes, n, vocab, max_depth, num_splits, *strides, BLOCK_N=triton.next_power_of_2(n),
+            BLOCK_V=block_v, TILES=tiles, BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
     return out_tokens, num_accepted, accepted_nodes
 
 

@@ -1,0 +1,50 @@
+"""Zeroed per-stream workspaces, shared by the CUDA and the Triton launchers.
+
+Single-launch kernels combine per-chunk partials through per-row tickets (an atomic
+counter per batch row: the program or block that draws the last ticket merges the row).
+The counters must be zero when a launch starts, and every such kernel stores them back to
+zero before it ends, so one zeroed buffer per stream serves every call and every CUDA-graph
+replay without a memset.
+"""
+
+import torch
+
+_zeroed_workspaces: dict[tuple, torch.Tensor] = {}
+_retired: list[torch.Tensor] = []
+
+
+def _stream_key(device: torch.device) -> tuple:
+    """(type, index, stream) that owns a buffer: two streams must not share one."""
+    if device.type != "cuda":  # the CPU (Triton interpreter): calls run one after another
+        return (device.type, device.index, 0)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return (device.type, index, torch.cuda.current_stream(index).cuda_stream)
+
+
+def zeroed_workspace(device: torch.device, nbytes: int) -> torch.Tensor:
+    """A zeroed uint8 buffer of >= nbytes for kernels that leave their workspace zeroed.
+
+    One buffer per stream, grown by doubling. A buffer that a CUDA graph may have captured
+    is never freed: a grown-out buffer is retired, not released. During stream capture
+    with no cached buffer yet, a fresh zeroed one is returned (its memset is captured
+    too); warm up once before capturing to get a single-launch graph. Graphs captured on
+    one stream share that stream's buffer, so replay them one at a time (on one stream),
+    as serving loops do.
+    """
+    key = _stream_key(device)
+    cached = _zeroed_workspaces.get(key)
+    if cached is not None and cached.numel() >= nbytes:
+        return cached
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(max(nbytes, 1), dtype=torch.uint8, device=device)
+    size = max(nbytes, 256, 2 * (cached.numel() if cached is not None else 0))
+    if cached is not None:
+        _retired.append(cached)
+    fresh = torch.zeros(size, dtype=torch.uint8, device=device)
+    _zeroed_workspaces[key] = fresh
+    return fresh
+
+
+def zeroed_counters(device: torch.device, count: int) -> torch.Tensor:
+    """int32 [count] ticket counters at the start of the stream's zeroed workspace."""
+    return zeroed_workspace(device, 4 * count)[:4 * count].view(torch.int32)

@@ -1,0 +1,36 @@
+"""Per-row tickets: how the split-V Triton kernels merge a row in the same launch.
+
+Every program that owns a chunk of a row stores its partial results, then takes a ticket
+from the row's int32 counter (in the per-stream zeroed workspace, `_workspace`). The
+program that draws the row's last ticket knows that every partial of the row is stored;
+it merges them, finishes the row, and stores 0 back into the counter, so the workspace is
+zeroed again for the next call or CUDA-graph replay. No second launch, no host sync.
+
+GPU memory ordering (the interpreter runs programs one after another and needs none of it):
+- `tl.debug_barrier()` before the ticket: a program's partials may be stored by any of
+  its threads, and the atomic is done by one thread; the barrier orders every thread's
+  stores before it, and the atomic's release semantics (acq_rel, GPU scope) then make
+  them visible to whoever acquires the counter later.
+- the merging program reads the other programs' partials with `cache_modifier=".cg"`
+  (cache in L2 only): L1 is not coherent across SMs, and an earlier call could have left
+  the same addresses in this SM's L1, so a plain load could return a stale partial even
+  after the acquire.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def last_ticket(counter_ptr, num_tickets):
+    """Take a ticket from the int32 counter; True in the program that draws the last of
+    `num_tickets`. Call after storing this program's partials."""
+    tl.debug_barrier()  # every thread's partial stores come before the ticket
+    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
+    return ticket == num_tickets - 1
+
+
+@triton.jit
+def reset_ticket(counter_ptr):
+    """Hand the counter back zeroed (only the last program calls this: all have counted)."""
+    tl.store(counter_ptr, 0)
