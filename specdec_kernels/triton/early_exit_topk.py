@@ -31,8 +31,6 @@ Everything is sized from static shapes: no host sync, no data-dependent allocati
 (CUDA-graph capturable). Tile sizes and the split count are not tuned on a GPU yet.
 """
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -40,11 +38,11 @@ import triton.language as tl
 from .. import reference
 from ..ops._backend import register
 from ._launch import device_scope
+from .tree_attention import _sms  # SM count (a stand-in under the interpreter)
 
 MAX_K = 16  # largest k the fused kernels run; larger k uses the materialised path
 BLOCK_B_MAX = 64  # rows per program: B <= 64 reads the weight once
 PROGRAMS_PER_SM = 2  # splits fill about this many programs per SM
-INTERPRETER_SMS = 4  # stand-in SM count on the CPU
 NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
 NONE_NORM: tl.constexpr = tl.constexpr(0)
 LAYER_NORM: tl.constexpr = tl.constexpr(2)
@@ -183,17 +181,6 @@ def _merge_kernel(cand_ptr, val_ptr, idx_ptr, num_cand, K: tl.constexpr, BLOCK_C
         tl.store(val_ptr + row * K + j, _key_value(best))
         tl.store(idx_ptr + row * K + j, _key_id(best))
         keys = tl.where(keys == best, EMPTY_KEY, keys)
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return INTERPRETER_SMS
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _tile_config(batch: int, dtype: torch.dtype, interpreting: bool) -> dict:
