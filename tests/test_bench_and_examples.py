@@ -92,3 +92,23 @@ def test_generate_speculative_example_runs():
                           check=True, capture_output=True, text=True)
     assert "speculative == target greedy: True" in done.stdout
     assert "bild == target greedy: True" in done.stdout
+
+
+def test_early_exit_topk_bench_smoke(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "bench/bench_early_exit_topk.py"), "--smoke", "--out", str(tmp_path)],
+                   check=True, capture_output=True, text=True)
+    result = json.loads((tmp_path / "early_exit_topk.json").read_text())
+    rows = result["rows"]
+    assert {row["backend"] for row in rows} >= {"baseline"}
+    assert all(row["id_agreement"] >= 0.9 for row in rows)  # near-ties may differ, nothing else
+    assert all("speedup" in row for row in rows if row["backend"] != "baseline")
+    assert result["meta"]["command"].startswith("python ") and result["meta"]["k"] == 8
+    assert "| B | H | V |" in (tmp_path / "early_exit_topk.md").read_text()
+
+
+def test_early_exit_topk_pytest_benchmark_suite_runs_one_case():
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(ROOT / "bench/test_bench_early_exit_topk.py"), "--benchmark-disable", "-k",
+                           "B3-H64-V200 and baseline"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout

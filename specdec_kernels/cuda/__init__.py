@@ -3,6 +3,7 @@ registers them with `ops._backend`. Registration needs no GPU: `ops._backend.res
 only picks a `cuda` backend when `_C` loads and the tensors are on a CUDA device.
 """
 
+from . import early_exit_topk  # noqa: F401
 from . import greedy_verify  # noqa: F401
 from . import kv_compact  # noqa: F401
 from . import logit_verify  # noqa: F401

@@ -1,0 +1,45 @@
+"""CUDA backend of `early_exit_topk` (csrc/early_exit_topk.cu): two launches per call, no
+host sync, the candidate workspace from the per-stream zeroed cache (handed back zeroed).
+k > 16 runs the materialised reference path on the same device."""
+
+import torch
+
+from .. import reference
+from ..ops._backend import register
+from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle, zeroed_workspace
+
+MAX_K = 16  # csrc/early_exit_math.cuh kMaxK
+NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
+
+
+def early_exit_topk(hidden, norm_weight, lm_head_weight, k: int, *, eps: float, norm: str, norm_bias=None):
+    if k > MAX_K:
+        return reference.early_exit_topk(hidden, norm_weight, lm_head_weight, k, eps=eps, norm=norm,
+                                         norm_bias=norm_bias)
+    lib = library()
+    batch, hidden_size = hidden.shape
+    vocab = lm_head_weight.shape[0]
+    device = hidden.device
+    values = torch.empty(batch, k, dtype=torch.float32, device=device)
+    indices = torch.empty(batch, k, dtype=torch.int64, device=device)
+    if batch == 0:
+        return values, indices
+    if norm == "none":
+        norm_weight = norm_bias = None
+    norm_weight = None if norm_weight is None else norm_weight.contiguous()
+    norm_bias = None if norm_bias is None else norm_bias.contiguous()
+    if norm_weight is not None and norm_bias is not None and norm_bias.dtype != norm_weight.dtype:
+        norm_bias = norm_bias.to(norm_weight.dtype)  # one norm dtype code for both vectors
+    vectors = norm_weight if norm_weight is not None else norm_bias
+    norm_dtype = DTYPE_CODES[vectors.dtype] if vectors is not None else 0
+    with on_device(device):  # the plan (and so the workspace size) uses the current device's SM count
+        nbytes = lib.early_exit_topk_workspace_bytes(batch, hidden_size, vocab, k)
+        workspace = zeroed_workspace(device, nbytes)
+        lib.early_exit_topk(hidden.data_ptr(), hidden.stride(0), pointer(norm_weight), pointer(norm_bias), norm_dtype,
+                            lm_head_weight.data_ptr(), lm_head_weight.stride(0), values.data_ptr(),
+                            indices.data_ptr(), workspace.data_ptr(), workspace.numel(), batch, hidden_size, vocab,
+                            k, DTYPE_CODES[hidden.dtype], NORM_CODES[norm], float(eps), stream_handle(device))
+    return values, indices
+
+
+register("early_exit_topk", "cuda", early_exit_topk)

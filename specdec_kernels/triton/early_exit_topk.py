@@ -1,0 +1,263 @@
+"""Triton backend of `early_exit_topk`: final norm + LM head + top-k, never writing [B, V] logits.
+
+The work is a skinny GEMM over the [V, H] LM-head weight, memory-bound at B <= 64: the
+kernel reads the weight once for all rows.
+
+1. `_split_topk_kernel`, grid (num_splits, cdiv(B, BLOCK_B)). Program s streams a
+   contiguous slice of whole BLOCK_V vocabulary tiles for BLOCK_B rows at once. Its
+   prologue computes each row's norm statistics (mean for layer norm, rstd) from the
+   hidden states (H is small: recomputing them per program costs less than a launch);
+   the hidden chunks are normalised on the fly in the H loop. Per tile: logits
+   [BLOCK_B, BLOCK_V] in float32 (tensor cores for 16-bit weights, see `_dot_acc`), packed
+   into int64 keys (order-preserving float bits << 31 | (2^31 - 1 - id): one integer
+   compare orders by logit, then by lower id; NaN packs as -inf), then a running top-k
+   per row: the K kept keys are an unsorted set whose minimum is the threshold; tile keys
+   above it replace the minimum one at a time, largest first (a data-dependent loop of at
+   most K steps per tile, usually none once the threshold has settled). Writes its K
+   keys per (row, split) to a workspace sized by static shapes.
+2. `_merge_kernel`, grid (B,): the num_splits * K candidates of a row, K max-extractions,
+   values (decoded from the keys, so exactly the kernel's float32 logits) and ids.
+
+Precision: logits are float32 sums in another order than the reference's fp32 matmul, so
+they equal it within float rounding (not bit for bit). 16-bit weights are multiplied with
+the normalised hidden state split into hi + lo halves of the weight dtype (two tensor-core
+dots, fp32 accumulation): about 16 significant bits of the hidden state, the weights
+exact. With float16 weights the normalised hidden state must lie in float16 range (its
+hi half would overflow past 65504). float32 weights use tf32x3 dots on a GPU and IEEE fp32
+dots under the interpreter. k <= MAX_K (16) runs fused; larger k falls back to the
+materialised reference path (logits [B, V] in float32, then a stable sort).
+
+Everything is sized from static shapes: no host sync, no data-dependent allocation
+(CUDA-graph capturable). Tile sizes and the split count are not tuned on a GPU yet.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import reference
+from ..ops._backend import register
+from ._launch import device_scope
+from .tree_attention import _sms  # SM count (a stand-in under the interpreter)
+
+MAX_K = 16  # largest k the fused kernels run; larger k uses the materialised path
+BLOCK_B_MAX = 64  # rows per program: B <= 64 reads the weight once
+PROGRAMS_PER_SM = 2  # splits fill about this many programs per SM
+NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
+NONE_NORM: tl.constexpr = tl.constexpr(0)
+LAYER_NORM: tl.constexpr = tl.constexpr(2)
+# _dot_acc modes
+DOT_SPLIT16: tl.constexpr = tl.constexpr(0)  # 16-bit weights: hi + lo halves of the hidden state
+DOT_TF32X3: tl.constexpr = tl.constexpr(1)  # float32 weights on a GPU
+DOT_IEEE: tl.constexpr = tl.constexpr(2)  # interpreter: everything in IEEE float32
+EMPTY_KEY: tl.constexpr = tl.constexpr(-1)  # below every fill value and every real key
+
+
+@triton.jit
+def _order_key(x, ids):
+    """int64 key, larger = higher logit, then lower id. NaN ranks as -inf; -0.0 as +0.0.
+    Real keys are >= ord(-inf) << 31, far above the fill values 0..K-1."""
+    x = tl.where(x != x, float("-inf"), x)
+    x = tl.where(x == 0.0, 0.0, x)
+    bits = x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+    order = tl.where(bits >= 0x80000000, 0xFFFFFFFF - bits, bits + 0x80000000)
+    return (order << 31) | (0x7FFFFFFF - ids.to(tl.int64))
+
+
+@triton.jit
+def _key_value(key):
+    order = key >> 31
+    bits = tl.where(order >= 0x80000000, order - 0x80000000, 0xFFFFFFFF - order)
+    return bits.to(tl.uint32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _key_id(key):
+    return 0x7FFFFFFF - (key & 0x7FFFFFFF)
+
+
+@triton.jit
+def _dot_acc(acc, x, w, DOT_MODE: tl.constexpr):
+    """acc + x @ w^T: x [BLOCK_B, BLOCK_H] float32 (normalised hidden), w [BLOCK_V, BLOCK_H]."""
+    if DOT_MODE == DOT_SPLIT16:
+        hi = x.to(w.dtype)
+        lo = x - hi.to(tl.float32)
+        lo = tl.where(lo == lo, lo, 0.0).to(w.dtype)  # inf hidden: inf - inf; the hi half carries it
+        acc = tl.dot(hi, tl.trans(w), acc)
+        return tl.dot(lo, tl.trans(w), acc)
+    elif DOT_MODE == DOT_TF32X3:
+        return tl.dot(x, tl.trans(w), acc, input_precision="tf32x3")
+    else:
+        return tl.dot(x, tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+
+
+@triton.jit
+def _load_normalized(h_ptr, nw_ptr, nb_ptr, rows, row_ok, cols, col_ok, stride_hb, mean, rstd,
+                     NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """[BLOCK_B, BLOCK_H] float32 of norm(hidden), zero outside the valid rows / columns."""
+    mask = row_ok[:, None] & col_ok[None, :]
+    x = tl.load(h_ptr + rows[:, None] * stride_hb + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if NORM != NONE_NORM:
+        x = (x - mean[:, None]) * rstd[:, None]
+        if HAS_W:
+            x = x * tl.load(nw_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if HAS_B:
+            x = x + tl.load(nb_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    return tl.where(mask, x, 0.0)
+
+
+@triton.jit
+def _split_topk_kernel(h_ptr, nw_ptr, nb_ptr, w_ptr, cand_ptr, batch, hidden, vocab, num_tiles, tiles_per_split,
+                       num_splits, eps, stride_hb, stride_wv,
+                       NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, K: tl.constexpr,
+                       K_PAD: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                       DOT_MODE: tl.constexpr):
+    split = tl.program_id(0)
+    rows = tl.program_id(1).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
+    row_ok = rows < batch
+    h_lanes = tl.arange(0, BLOCK_H)
+
+    # prologue: per-row norm statistics (two passes for layer norm, like the reference)
+    mean = tl.zeros((BLOCK_B,), tl.float32)
+    rstd = tl.full((BLOCK_B,), 1.0, tl.float32)
+    if NORM != NONE_NORM:
+        if NORM == LAYER_NORM:
+            total = tl.zeros((BLOCK_B,), tl.float32)
+            for h0 in range(0, hidden, BLOCK_H):
+                cols = h0 + h_lanes
+                mask = row_ok[:, None] & (cols < hidden)[None, :]
+                x = tl.load(h_ptr + rows[:, None] * stride_hb + cols[None, :], mask=mask, other=0.0)
+                total += tl.sum(x.to(tl.float32), axis=1)
+            mean = total / hidden
+        squares = tl.zeros((BLOCK_B,), tl.float32)
+        for h0 in range(0, hidden, BLOCK_H):
+            cols = h0 + h_lanes
+            mask = row_ok[:, None] & (cols < hidden)[None, :]
+            x = tl.load(h_ptr + rows[:, None] * stride_hb + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = tl.where(mask, x - mean[:, None], 0.0)
+            squares += tl.sum(x * x, axis=1)
+        rstd = 1.0 / tl.sqrt(squares / hidden + eps)
+
+    # the kept set: K unique fill keys 0..K-1 below every real key; padding slots never the minimum
+    slot = tl.arange(0, K_PAD)
+    top = tl.where(slot < K, slot.to(tl.int64), 0x7FFFFFFFFFFFFFFF)[None, :] + tl.zeros((BLOCK_B, K_PAD), tl.int64)
+    thresh = tl.min(top, axis=1)
+    v_lanes = tl.arange(0, BLOCK_V)
+    first = split * tiles_per_split
+    last = tl.minimum(first + tiles_per_split, num_tiles)
+    for tile in range(first, last):
+        ids = tile * BLOCK_V + v_lanes
+        v_ok = ids < vocab
+        w_rows = w_ptr + ids.to(tl.int64)[:, None] * stride_wv
+        acc = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
+        for h0 in range(0, hidden, BLOCK_H):
+            cols = h0 + h_lanes
+            col_ok = cols < hidden
+            x = _load_normalized(h_ptr, nw_ptr, nb_ptr, rows, row_ok, cols, col_ok, stride_hb, mean, rstd,
+                                 NORM, HAS_W, HAS_B)
+            w = tl.load(w_rows + cols[None, :], mask=v_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = _dot_acc(acc, x, w, DOT_MODE)
+        keys = _order_key(acc, ids)
+        cand = tl.where(row_ok[:, None] & v_ok[None, :] & (keys > thresh[:, None]), keys, EMPTY_KEY)
+        best = tl.max(cand, axis=1)
+        while tl.max(best, axis=0) > EMPTY_KEY:  # at most K steps: candidates come largest first
+            take = best > EMPTY_KEY
+            top = tl.where((top == thresh[:, None]) & take[:, None], best[:, None], top)  # keys are unique
+            thresh = tl.min(top, axis=1)
+            cand = tl.where((cand != best[:, None]) & (cand > thresh[:, None]), cand, EMPTY_KEY)
+            best = tl.max(cand, axis=1)
+
+    out = (rows[:, None] * num_splits + split) * K + slot[None, :]
+    tl.store(cand_ptr + out, top, mask=row_ok[:, None] & (slot < K)[None, :])
+
+
+@triton.jit
+def _merge_kernel(cand_ptr, val_ptr, idx_ptr, num_cand, K: tl.constexpr, BLOCK_C: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK_C)
+    keys = tl.load(cand_ptr + row * num_cand + c, mask=c < num_cand, other=EMPTY_KEY)
+    for j in tl.static_range(K):  # k <= V real keys exist, so fill keys are never picked
+        best = tl.max(keys, axis=0)
+        tl.store(val_ptr + row * K + j, _key_value(best))
+        tl.store(idx_ptr + row * K + j, _key_id(best))
+        keys = tl.where(keys == best, EMPTY_KEY, keys)
+
+
+def _tile_config(batch: int, dtype: torch.dtype, interpreting: bool) -> dict:
+    """Tile sizes and launch options from static shapes (not tuned on a GPU yet)."""
+    block_b = min(max(16, triton.next_power_of_2(batch)), BLOCK_B_MAX)
+    if interpreting:
+        return dict(BLOCK_B=block_b, BLOCK_V=64, BLOCK_H=64, num_warps=4, num_stages=1)
+    if dtype == torch.float32:
+        return dict(BLOCK_B=block_b, BLOCK_V=64, BLOCK_H=32, num_warps=4, num_stages=3)
+    return dict(BLOCK_B=block_b, BLOCK_V=128 if block_b <= 32 else 64, BLOCK_H=128, num_warps=4, num_stages=4)
+
+
+def split_plan(vocab: int, block_v: int, b_blocks: int, device: torch.device,
+               num_splits: int | None = None) -> tuple[int, int, int]:
+    """(num_tiles, tiles_per_split, num_splits): contiguous runs of whole tiles, about
+    PROGRAMS_PER_SM programs per SM over all B blocks, every split non-empty."""
+    num_tiles = triton.cdiv(vocab, block_v)
+    wanted = num_splits or max(1, PROGRAMS_PER_SM * _sms(device) // b_blocks)
+    tiles_per_split = triton.cdiv(num_tiles, min(wanted, num_tiles))
+    return num_tiles, tiles_per_split, triton.cdiv(num_tiles, tiles_per_split)
+
+
+def plan(hidden, norm_weight, lm_head_weight, k: int, *, eps: float, norm: str, norm_bias=None,
+         num_splits: int | None = None, block_v: int | None = None, block_h: int | None = None):
+    """(values, indices, launches) for k <= MAX_K: outputs and workspace allocated, and each
+    launch as (kernel, grid, positional args, keyword meta-parameters). Launching them in
+    order computes the op. num_splits / block_v / block_h override the static choices
+    (tests force many splits and partial tiles at small shapes)."""
+    batch, hidden_size = hidden.shape
+    vocab = lm_head_weight.shape[0]
+    device = hidden.device
+    values = torch.empty(batch, k, dtype=torch.float32, device=device)
+    indices = torch.empty(batch, k, dtype=torch.int64, device=device)
+    if batch == 0:
+        return values, indices, []
+    hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
+    weight = lm_head_weight if lm_head_weight.stride(1) == 1 else lm_head_weight.contiguous()
+    norm_weight = None if norm_weight is None else norm_weight.contiguous()
+    norm_bias = None if norm_bias is None else norm_bias.contiguous()
+    interpreting = device.type != "cuda"
+    cfg = _tile_config(batch, weight.dtype, interpreting)
+    if block_v is not None:
+        cfg["BLOCK_V"] = block_v
+    if block_h is not None:
+        cfg["BLOCK_H"] = block_h
+    b_blocks = triton.cdiv(batch, cfg["BLOCK_B"])
+    num_tiles, tiles_per_split, splits = split_plan(vocab, cfg["BLOCK_V"], b_blocks, device, num_splits)
+    k_pad = max(2, triton.next_power_of_2(k))
+    cand = torch.empty(batch * splits * k, dtype=torch.int64, device=device)
+    if interpreting:
+        dot_mode = DOT_IEEE.value
+    else:
+        dot_mode = DOT_TF32X3.value if weight.dtype == torch.float32 else DOT_SPLIT16.value
+    split_args = (hidden, norm_weight if norm_weight is not None else hidden,
+                  norm_bias if norm_bias is not None else hidden, weight, cand, batch, hidden_size, vocab, num_tiles,
+                  tiles_per_split, splits, float(eps), hidden.stride(0), weight.stride(0))
+    split_meta = dict(NORM=NORM_CODES[norm], HAS_W=norm_weight is not None, HAS_B=norm_bias is not None, K=k,
+                      K_PAD=k_pad, DOT_MODE=dot_mode, **cfg)
+    merge_meta = dict(K=k, BLOCK_C=max(16, triton.next_power_of_2(splits * k)))
+    launches = [(_split_topk_kernel, (splits, b_blocks), split_args, split_meta),
+                (_merge_kernel, (batch,), (cand, values, indices, splits * k), merge_meta)]
+    return values, indices, launches
+
+
+def early_exit_topk(hidden, norm_weight, lm_head_weight, k: int, *, eps: float, norm: str, norm_bias=None,
+                    **overrides):
+    """Triton `early_exit_topk` on validated inputs (see specdec_kernels.ops.early_exit_topk).
+    k > MAX_K runs the materialised reference path on the same device."""
+    if k > MAX_K:
+        return reference.early_exit_topk(hidden, norm_weight, lm_head_weight, k, eps=eps, norm=norm,
+                                         norm_bias=norm_bias)
+    values, indices, launches = plan(hidden, norm_weight, lm_head_weight, k, eps=eps, norm=norm, norm_bias=norm_bias,
+                                     **overrides)
+    with device_scope(hidden.device):
+        for kernel, grid, args, meta in launches:
+            kernel[grid](*args, **meta)
+    return values, indices
+
+
+register("early_exit_topk", "triton", early_exit_topk)
