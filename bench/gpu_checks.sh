@@ -10,10 +10,11 @@
 #     verify    bench/bench_verify.py                         (verify.json/.md; BENCH_ARGS adds flags)
 #     attn      bench/bench_tree_attention.py, the target slice B {8, 32} x P 4096 (ATTN_ARGS overrides)
 #     kv        bench/bench_kv_compact.py                     (kv_compact.json/.md)
+#     exit      bench/bench_early_exit_topk.py                (early_exit_topk.json/.md)
 # build.log, build_info.json and summary.txt are written every time.
 set -uo pipefail
 out=${1:?usage: bash bench/gpu_checks.sh OUTDIR}
-stages=${STAGES:-test memcheck verify attn kv}
+stages=${STAGES:-test memcheck verify attn kv exit}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 status=0
@@ -58,5 +59,6 @@ want verify && bench bench_verify "${BENCH_TIMEOUT:-540}" python bench/bench_ver
 want attn && bench bench_tree_attention "${BENCH_TIMEOUT:-540}" python bench/bench_tree_attention.py \
   ${ATTN_ARGS:---batch 8 32 --prefix 4096}
 want kv && bench bench_kv_compact "${BENCH_TIMEOUT:-300}" python bench/bench_kv_compact.py
+want exit && bench bench_early_exit_topk "${BENCH_TIMEOUT:-300}" python bench/bench_early_exit_topk.py
 echo "== exit $status" | tee -a "$out/summary.txt"
 exit $status
