@@ -8,4 +8,13 @@ from . import ops, reference
 from ._build_info import build_info
 from ._version import __version__
 
-__all__ = ["__version__", "build_info", "ops", "reference"]
+__all__ = ["__version__", "build_info", "generate", "ops", "reference"]
+
+
+def __getattr__(name):
+    # `generate` lives in decoding/, which imports transformers: load it on first use only, so
+    # `import specdec_kernels` stays torch-only.
+    if name == "generate":
+        from .decoding import generate
+        return generate
+    raise AttributeError(f"module 'specdec_kernels' has no attribute {name!r}")

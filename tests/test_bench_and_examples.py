@@ -85,3 +85,10 @@ def test_hf_tree_verify_example_runs():
     lines = dict(line.split(":", 1) for line in done.stdout.splitlines() if ":" in line)
     assert lines["accepted drafts per row"].split("accepted nodes")[0].strip() == "[2, 2]"  # the oracle branch
     assert lines["emitted tokens"].strip() == lines["greedy tokens "].strip()  # tree verify == greedy decoding
+
+
+def test_generate_speculative_example_runs():
+    done = subprocess.run([sys.executable, str(ROOT / "python/generate_speculative.py"), "--max-new-tokens", "12"],
+                          check=True, capture_output=True, text=True)
+    assert "speculative == target greedy: True" in done.stdout
+    assert "bild == target greedy: True" in done.stdout

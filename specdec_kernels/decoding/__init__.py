@@ -1,0 +1,12 @@
+"""Decoding strategies on HF models: one engine loop (engine.py), one file per strategy.
+
+`generate(target, input_ids, strategy=..., ...)` is the entry point (also
+`specdec_kernels.generate`); strategies are usable as objects too (SpeculativeDecoder, BildDecoder).
+"""
+
+from .api import generate
+from .bild import BildDecoder
+from .output import GenerateOutput, Stats
+from .speculative import SpeculativeDecoder
+
+__all__ = ["BildDecoder", "GenerateOutput", "SpeculativeDecoder", "Stats", "generate"]

@@ -1,0 +1,137 @@
+"""Strategy `bild` (Kim et al., Big Little Decoder). LOSSY: not the large model's distribution nor,
+in general, its greedy output (the paper's "ensembling effect").
+
+A round: the small model (draft) runs greedily (or samples, with do_sample=True: the paper's
+nucleus variant, Table 5) until its max probability falls below `fallback_threshold` (ops.fallback_check)
+or it has produced `max_small_run` tokens (10, as in the paper's App. 7.1.2 and the official code);
+the large model (target) then scores every unverified token in ONE forward and rolls back from the
+first token with -log p_large > `rollback_threshold` (ops.bild_verify, ragged rows through
+num_draft_tokens), replacing it with the large model's token; without a rollback it appends its own
+next token. The small model always runs max_small_run forwards per round (static shapes for CUDA
+graphs); a row's tokens after its fallback are ignored.
+
+mode="paper" (default), Algorithm 1: the small model starts; after every large pass, rollback or
+not, control returns to the small model.
+mode="official", github.com/kssteven418/BigLittleDecoder: the large model produces the first
+token; a rollback whose replacement equals the small token (its argmax had low probability) is
+no rollback, and every token of the run is kept; after a real rollback the large model takes the
+next round too (it emits the corrected token and then one more token of its own).
+rollback_rule="nll" (the paper's), or "exact": roll back whenever the small token is not the large
+model's top-1 (ops.greedy_verify): greedy BiLD then equals the large model's greedy output.
+verify_small_eos: True (default) sends a small-model EOS to the large model like any other token
+(a safety choice of ours); False ends the row on it unverified, as Algorithm 1 and the official code do.
+
+Statistics (stats.extra): fallback_rate = rounds ended by low confidence / large-model passes,
+rollback_rate = large passes that rolled back / large passes, both per row-round; forced_handoffs
+= rounds that hit max_small_run.
+"""
+
+import torch
+from torch import Tensor
+
+from .. import ops
+from ..ops import _validate as check
+from .draft_model import TwoModelStrategy
+from .engine import OP, Engine, Proposal
+from .standardize import draw, standardize
+
+ACCEPT_ALL = 3.0e38  # a rollback threshold no -log p exceeds: keep every draft, take the bonus top-1
+
+
+class BildDecoder(TwoModelStrategy):
+    """`BildDecoder(large, small, fallback_threshold=0.6, rollback_threshold=5.0).generate(ids, ...)`,
+    or `specdec_kernels.generate(large, ids, strategy="bild", draft_model=small, ...)`."""
+
+    name = "bild"
+    needs = "the small model, sharing the large one's vocabulary"
+
+    def __init__(self, target=None, draft_model=None, *, fallback_threshold: float = 0.6,
+                 rollback_threshold: float = 5.0, max_small_run: int = 10, mode: str = "paper",
+                 rollback_rule: str = "nll", verify_small_eos: bool = True):
+        super().__init__(target, draft_model)
+        self.fallback_threshold = check.real_number(OP, "fallback_threshold", fallback_threshold, minimum=0.0)
+        if self.fallback_threshold > 1:
+            check.fail(OP, f"`fallback_threshold` is a probability, at most 1 (got {fallback_threshold})")
+        self.rollback_threshold = check.real_number(OP, "rollback_threshold", rollback_threshold, minimum=0.0)
+        self.max_small_run = check.positive_int(OP, "max_small_run", max_small_run)
+        for name, value, allowed in (("mode", mode, ("paper", "official")),
+                                     ("rollback_rule", rollback_rule, ("nll", "exact"))):
+            if value not in allowed:
+                check.fail(OP, f"`{name}` must be one of {allowed} (got {value!r})")
+        self.mode, self.rollback_rule, self.verify_small_eos = mode, rollback_rule, bool(verify_small_eos)
+
+    # ---- engine interface --------------------------------------------------------------------
+
+    def start(self, engine: Engine) -> None:
+        super().start(engine)
+        batch = engine.root.shape[0]
+        # official mode: the large model takes the first round, and the round after a rollback
+        self.large_next = torch.full((batch,), self.mode == "official", dtype=torch.bool, device=engine.device)
+        self.counts = torch.zeros(3, dtype=torch.int64, device=engine.device)  # fallbacks, rollbacks, forced
+
+    def num_draft_tokens(self) -> int:
+        return self.max_small_run
+
+    def propose(self, engine: Engine, first: bool) -> Proposal:
+        feed = self.draft.begin(engine, first)
+        offsets = engine.offsets
+        running = ~self.large_next & ~engine.finished
+        count = torch.zeros_like(engine.root)
+        fell_back = torch.zeros_like(running)
+        tokens = []
+        for i in range(self.max_small_run):
+            logits = self.draft.next_logits(feed)
+            token, q = self.draft_token(engine, logits, offsets + i)
+            # confidence of the distribution the token came from (log q: max_prob of it is max q)
+            unsure = ops.fallback_check(logits if q is None else q.log(), self.fallback_threshold,
+                                        backend=engine.backend)
+            fell_back |= running & unsure
+            running = running & ~unsure
+            count += running
+            if self.verify_small_eos:
+                running = running & ~torch.isin(token, engine.eos_ids)
+            tokens.append(token)
+            feed = token.unsqueeze(1)
+        forced = count == self.max_small_run
+        return Proposal(torch.stack(tokens, dim=1), None, count, torch.stack([fell_back, forced], dim=1))
+
+    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
+        drafts, count = proposal.tokens, proposal.num_draft
+        if self.rollback_rule == "exact":
+            out, num_accepted = ops.greedy_verify(logits, drafts, num_draft_tokens=count, backend=engine.backend)
+        else:
+            out, num_accepted = ops.bild_verify(logits, drafts, rollback_threshold=self.rollback_threshold,
+                                                num_draft_tokens=count, backend=engine.backend)
+        rows = torch.arange(drafts.shape[0], device=drafts.device)
+        if self.mode == "official" and self.rollback_rule == "nll":
+            # the official code keeps the whole run when the replacement equals the small token
+            padded = torch.cat([drafts, drafts[:, :1]], dim=1)
+            same = (num_accepted < count) & (out[rows, num_accepted] == padded[rows, num_accepted])
+            keep_all, all_accepted = ops.bild_verify(logits, drafts, rollback_threshold=ACCEPT_ALL,
+                                                     num_draft_tokens=count, backend=engine.backend)
+            out = torch.where(same.unsqueeze(1), keep_all, out)
+            num_accepted = torch.where(same, all_accepted, num_accepted)
+        if engine.sampling.do_sample:  # the large model's token is sampled, not its top-1
+            probs = standardize(logits[rows, num_accepted], engine.sampling)
+            out = out.scatter(1, num_accepted.unsqueeze(1), draw(probs, engine.seeds, engine.offsets + num_accepted,
+                                                                 salt=1).unsqueeze(1))
+        if not self.verify_small_eos:  # a small-model EOS ends the row unverified
+            j = torch.arange(drafts.shape[1], device=drafts.device).unsqueeze(0)
+            eos_run = (torch.isin(drafts, engine.eos_ids) & (j < count.unsqueeze(1))).any(dim=1)
+            out = torch.where(eos_run.unsqueeze(1), torch.cat([drafts, out[:, -1:]], dim=1), out)
+            num_accepted = torch.where(eos_run, count, num_accepted)
+        rolled_back = (num_accepted < count) & ~engine.finished
+        fell_back, forced = proposal.extra.unbind(1)
+        active = ~engine.finished
+        self.counts += torch.stack([(fell_back & active).sum(), rolled_back.sum(), (forced & active).sum()])
+        self.large_next.copy_(rolled_back if self.mode == "official" else torch.zeros_like(rolled_back))
+        return out, num_accepted
+
+    def select_rows(self, index: Tensor) -> None:
+        super().select_rows(index)
+        self.large_next = self.large_next.index_select(0, index)
+
+    def report(self, engine: Engine) -> dict:
+        fallbacks, rollbacks, forced = self.counts.tolist()
+        passes = max(int(engine.counts[0]), 1)
+        return {"fallback_rate": fallbacks / passes, "rollback_rate": rollbacks / passes, "forced_handoffs": forced}
