@@ -69,7 +69,8 @@ def greedy_continuations(target, prompts: Tensor, new_tokens: int, *, batch_size
     for start in range(0, prompts.shape[0], batch_size):
         batch = prompts[start:start + batch_size].to(device)
         out = target.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=new_tokens,
-                              min_new_tokens=0, do_sample=False, num_beams=1, pad_token_id=pad)
+                              min_new_tokens=0, do_sample=False, num_beams=1, pad_token_id=pad,
+                              forced_bos_token_id=None, forced_eos_token_id=None)  # plain argmax decoding
         new = out[:, 1:] if encoder_decoder else out[:, batch.shape[1]:]
         new = torch.nn.functional.pad(new, (0, new_tokens - new.shape[1]), value=pad)  # every row stopped early
         outputs.append(mask_after_eos(new, eos).cpu())
