@@ -37,7 +37,8 @@ class SpecDecDecoder(Strategy):
                            "specdec_kernels.training.train_specdec_drafter or SpecDecDrafter.from_pretrained) "
                            f"(got {type(drafter).__name__})")
         self.target_model, self.drafter = target, drafter
-        self.k = check.positive_int(OP, "block_size", block_size if block_size is not None else drafter.config.block_size)
+        k = block_size if block_size is not None else drafter.config.block_size
+        self.k = check.positive_int(OP, "block_size", k)
         self.top_beta = check.positive_int(OP, "top_beta", top_beta)
         self.tau = check.real_number(OP, "tau", tau, minimum=0.0)
 
