@@ -67,6 +67,18 @@ def test_tree_attention_bench_smoke(tmp_path):
     assert "| B | P | N |" in (tmp_path / "tree_attention.md").read_text()
 
 
+def test_specdec_sweep_smoke(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "bench/sweep_specdec.py"), "--smoke", "--out", str(tmp_path)],
+                   check=True, capture_output=True, text=True)
+    result = json.loads((tmp_path / "sweep_specdec.json").read_text())
+    rows = result["rows"]
+    assert {(row["beta"], row["tau"]) for row in rows} == {(1, 0.0), (3, 1.0), (5, 3.0), (5, 5.0)}
+    assert all(row["tok_per_iter"] >= 1 and row["speedup"] > 0 for row in rows)
+    assert all(row["identical_to_greedy"] == 1.0 for row in rows if row["lossless"])  # beta=1 is exact
+    assert all(len(row["per_position_acceptance"]) == row["k"] for row in rows)
+    assert "| k | beta | tau |" in (tmp_path / "sweep_specdec.md").read_text()
+
+
 def test_ops_example_runs():
     done = subprocess.run([sys.executable, str(ROOT / "python/ops_as_backend.py")], check=True, capture_output=True,
                           text=True)

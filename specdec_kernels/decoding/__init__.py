@@ -1,12 +1,13 @@
 """Decoding strategies on HF models: one engine loop (engine.py), one file per strategy.
 
 `generate(target, input_ids, strategy=..., ...)` is the entry point (also
-`specdec_kernels.generate`); strategies are usable as objects too (SpeculativeDecoder, BildDecoder).
+`specdec_kernels.generate`); strategies are usable as objects too (SpeculativeDecoder, BildDecoder, SpecDecDecoder).
 """
 
 from .api import generate
 from .bild import BildDecoder
 from .output import GenerateOutput, Stats
+from .specdec import SpecDecDecoder
 from .speculative import SpeculativeDecoder
 
-__all__ = ["BildDecoder", "GenerateOutput", "SpeculativeDecoder", "Stats", "generate"]
+__all__ = ["BildDecoder", "GenerateOutput", "SpecDecDecoder", "SpeculativeDecoder", "Stats", "generate"]
