@@ -6,7 +6,8 @@ import torch
 
 from .. import reference
 from ..ops._backend import register
-from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle, zeroed_workspace
+from .._workspace import zeroed_workspace
+from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle
 
 MAX_K = 16  # csrc/early_exit_math.cuh kMaxK
 NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
