@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..ops import _validate as check
-from .engine import OP, Engine, Proposal, Strategy, restored_attention
+from .engine import OP, Engine, Proposal, Strategy
 
 HEAD_KINDS = ("N", "Y")
 
@@ -197,8 +197,7 @@ def match_rate(model, texts, layers, ks=(1, 3, 5), heads=None, *, tokenizer=None
         if not 1 <= int(layer) < depth:
             check.fail("ppd.match_rate", f"layers must be in [1, {depth - 1}] (got {layer})")
     device = next(model.parameters()).device
-    with restored_attention(model):
-        n_head = EarlyExitHead.from_model(model)
+    n_head = EarlyExitHead.from_model(model)
     kinds = [("N", lambda layer: n_head)]
     if heads is not None:
         kinds.append(("Y", lambda layer: heads[layer] if layer in heads else None))

@@ -23,9 +23,15 @@ WEIGHTS_FILE = "early_exit_heads.pt"
 
 
 def final_head_parts(model) -> dict:
-    """The norm kind, norm weight/bias, eps and LM head weight of an adapted (hf.adapt) model."""
+    """The norm kind, norm weight/bias, eps and LM head weight of an HF model or its hf.adapt adapter
+    (a plain model keeps its attention implementation: adapting it is only a way to find its parts)."""
     from .. import hf
-    adapter = model if isinstance(model, hf.ModelAdapter) else hf.adapt(model)
+    from ..decoding.engine import restored_attention
+    if isinstance(model, hf.ModelAdapter):
+        adapter = model
+    else:
+        with restored_attention(model):
+            adapter = hf.adapt(model)
     norm = adapter.final_norm
     if isinstance(norm, nn.LayerNorm):
         kind, eps, bias = "layer", norm.eps, norm.bias
