@@ -28,16 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import specdec_kernels  # noqa: E402
 from specdec_kernels.decoding.ppd import format_match_table, match_rate, theory  # noqa: E402
 from specdec_kernels.training import train_early_exit_heads  # noqa: E402
-from sweep_specdec import stdlib_texts  # noqa: E402
-
-
-def tiny_target(device):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=8,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         initializer_range=0.1, eos_token_id=None, bos_token_id=None, pad_token_id=0)
-    return LlamaForCausalLM(config).to(device).eval()
+from sweep_specdec import stdlib_texts, tiny_target  # noqa: E402
 
 
 def token_ids(texts, tokenizer, vocab):
@@ -78,7 +69,7 @@ def main():
         from transformers import AutoModelForCausalLM
         target = AutoModelForCausalLM.from_pretrained(args.target).to(device).eval()
     else:
-        target = tiny_target(device)
+        target = tiny_target(device, hidden_size=128, intermediate_size=256, num_hidden_layers=8)
     tokenizer = None
     if args.tokenizer:
         from transformers import AutoTokenizer

@@ -136,7 +136,7 @@ def test_trained_heads_lower_kl_and_reload(model, tmp_path):
     assert early_exit_kl(model, loaded, layers, held_out) == after
     ids, mask = left_padded([7, 3, 5, 8], seed=4)
     rates = {}
-    for head in (None, loaded):
+    for head in (None, loaded, EarlyExitHeads.from_pretrained(tmp_path, dtype=torch.float64)):  # cast to the target's
         out = specdec_kernels.generate(model, ids, attention_mask=mask, strategy="ppd", k=1, head=head,
                                        max_new_tokens=NEW, pad_token_id=0)
         assert torch.equal(out.sequences, greedy(model, ids, mask))

@@ -26,6 +26,8 @@ Statistics: stats.per_position_acceptance[0] is the measured match rate p̂ (hit
 stats.extra carries exit_layer, k, head and the theory at that p̂.
 """
 
+import copy
+
 import torch
 from torch import Tensor
 
@@ -53,7 +55,7 @@ class PPDDecoder(Strategy):
     def __init__(self, target=None, *, exit_layer: int | None = None, k: int = 3, head=None, candidates=None):
         self.target_model = target
         self.k = check.positive_int(OP, "k", k)
-        self.exit_layer = None if exit_layer is None else check.positive_int(OP, "exit_layer", exit_layer)
+        self.exit_layer_option = None if exit_layer is None else check.positive_int(OP, "exit_layer", exit_layer)
         self.head_option, self.candidates = head, candidates
         if candidates is not None and not callable(candidates):
             check.fail(OP, f"`candidates` must be callable (engine, hidden) -> [B, k] (got {type(candidates).__name__})")
@@ -73,8 +75,7 @@ class PPDDecoder(Strategy):
             check.fail(OP, "strategy 'ppd' supports decoder-only targets")
         depth = engine.target.num_layers
         self.depth = depth
-        if self.exit_layer is None:
-            self.exit_layer = max(depth // 2, 1)
+        self.exit_layer = max(depth // 2, 1) if self.exit_layer_option is None else self.exit_layer_option
         if not 1 <= self.exit_layer < depth:
             check.fail(OP, f"`exit_layer` must be in [1, {depth - 1}] for a {depth}-layer target (got {self.exit_layer})")
         if self.k > engine.vocab:
@@ -90,6 +91,9 @@ class PPDDecoder(Strategy):
             check.fail(OP, f"`head` must be None, 'N', an EarlyExitHead or EarlyExitHeads (got {option!r})")
         if self.head.weight.device != engine.device:
             check.fail(OP, f"the early-exit head is on {self.head.weight.device}, the target on {engine.device}")
+        dtype = engine.target.lm_head.weight.dtype
+        if self.head.weight.dtype != dtype:  # e.g. fp32-trained heads on a bf16 target: cast once, not per step
+            self.head = copy.deepcopy(self.head).to(dtype)
 
     def num_draft_tokens(self) -> int:
         return self.k
