@@ -86,7 +86,8 @@ def main():
     print(f"\nmatch rates ({len(prompts)} prompts x {args.new_tokens} greedy tokens, d = {d}):\n")
     print(format_match_table(rows))
 
-    print(f"\nlatency, batch 1, {args.new_tokens} new tokens, median of {args.repeats} runs per prompt set after a warm-up "
+    print(f"\nlatency, batch 1, {args.new_tokens} new tokens, median of {args.repeats} runs per prompt set "
+          "after a warm-up "
           f"({device}, {torch.get_num_threads()} threads):\n")
     print("| method | k | head | p̂ (ppd steps) | time (s) | speed-up | theory 1-device | theory k+1 devices |")
     print("|---|---|---|---|---|---|---|---|")

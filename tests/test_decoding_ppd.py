@@ -81,8 +81,9 @@ class Oracle:
 
 
 def run_engine(model, strategy, ids, mask):
-    engine = Engine(model, strategy, ids, attention_mask=mask, max_new_tokens=NEW, sampling=Sampling(False, 1.0, None, None),
-                    eos_token_id=[], pad_token_id=0, backend="torch", cuda_graphs=False)
+    engine = Engine(model, strategy, ids, attention_mask=mask, max_new_tokens=NEW,
+                    sampling=Sampling(False, 1.0, None, None), eos_token_id=[], pad_token_id=0, backend="torch",
+                    cuda_graphs=False)
     return engine, engine.run()
 
 

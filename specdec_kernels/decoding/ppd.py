@@ -58,7 +58,8 @@ class PPDDecoder(Strategy):
         self.exit_layer_option = None if exit_layer is None else check.positive_int(OP, "exit_layer", exit_layer)
         self.head_option, self.candidates = head, candidates
         if candidates is not None and not callable(candidates):
-            check.fail(OP, f"`candidates` must be callable (engine, hidden) -> [B, k] (got {type(candidates).__name__})")
+            check.fail(OP, "`candidates` must be callable (engine, hidden) -> [B, k] "
+                           f"(got {type(candidates).__name__})")
 
     def generate(self, input_ids, **kwargs):
         """specdec_kernels.generate(target, input_ids, strategy=self, **kwargs)."""
@@ -77,7 +78,8 @@ class PPDDecoder(Strategy):
         self.depth = depth
         self.exit_layer = max(depth // 2, 1) if self.exit_layer_option is None else self.exit_layer_option
         if not 1 <= self.exit_layer < depth:
-            check.fail(OP, f"`exit_layer` must be in [1, {depth - 1}] for a {depth}-layer target (got {self.exit_layer})")
+            check.fail(OP, f"`exit_layer` must be in [1, {depth - 1}] for a {depth}-layer target "
+                           f"(got {self.exit_layer})")
         if self.k > engine.vocab:
             check.fail(OP, f"`k`={self.k} exceeds the vocabulary ({engine.vocab})")
         option = self.head_option
