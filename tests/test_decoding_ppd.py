@@ -64,6 +64,15 @@ def test_identical_to_greedy(model, k, exit_layer):
     assert torch.equal(one.sequences, greedy(model, ids[2:3, -5:], None))
 
 
+def test_triton_backend_identical_to_greedy(model):
+    """The early head's top-k through the Triton kernel (interpreter here; attention stays on "auto")."""
+    ids, mask = left_padded([7, 3, 5, 8], seed=5)
+    out = specdec_kernels.generate(model, ids, attention_mask=mask, strategy="ppd", k=3, max_new_tokens=6,
+                                   pad_token_id=0, backend="triton")
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(out.sequences, expected)
+
+
 class Oracle:
     """Candidates from the known greedy continuation: k distinct tokens that hold the true next
     token (hit) or all differ from it (miss)."""
