@@ -1,5 +1,6 @@
 """Strategy `ppd` on a tiny 4-layer fp32 Llama (CPU): token-identical to HF greedy for k in
-{1, 3, 5} and exit layer d/2 and 3d/4, batch 1 and 4 (left-padded); an always-hit candidate
+{1, 3, 5} and exit layer d/2 and 3d/4, batch 1 and 4 (left-padded), torch and Triton (interpreter)
+early-exit top-k; an always-hit candidate
 source emits two tokens per step and a never-hit one one, and both leave the KV cache a greedy
 prefill of the same tokens computes; trained "Y" heads lower the held-out KL to the final
 layer and survive save/load; ppd.theory reproduces the paper's Figure 3/4 numbers from its
