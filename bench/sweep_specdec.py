@@ -51,12 +51,14 @@ def stdlib_texts(limit_bytes: int) -> list[str]:
     return texts
 
 
-def tiny_target(device):
+def tiny_target(device, **overrides):
+    """A random Llama (2 layers, width 64 unless overridden), the same for every call."""
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         initializer_range=0.1, eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    settings = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                    initializer_range=0.1, eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    config = LlamaConfig(**{**settings, **overrides})
     return LlamaForCausalLM(config).to(device).eval()
 
 

@@ -10,9 +10,10 @@ from .standardize import Sampling
 
 def _strategies() -> dict:
     from .bild import BildDecoder
+    from .ppd import PPDDecoder
     from .specdec import SpecDecDecoder
     from .speculative import SpeculativeDecoder
-    return {"speculative": SpeculativeDecoder, "bild": BildDecoder, "specdec": SpecDecDecoder}
+    return {"speculative": SpeculativeDecoder, "bild": BildDecoder, "specdec": SpecDecDecoder, "ppd": PPDDecoder}
 
 
 @torch.no_grad()
@@ -27,8 +28,8 @@ def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch
             `AutoModelForSeq2SeqLM` for encoder-decoder pairs); see hf.SUPPORTED_MODEL_TYPES.
         input_ids: int64 [B, P] prompts (encoder inputs for encoder-decoder models), left- or
             right-padded as marked by `attention_mask` [B, P] (1 = token).
-        strategy: "speculative" | "bild" | "specdec", or a strategy object (SpeculativeDecoder,
-            BildDecoder, SpecDecDecoder).
+        strategy: "speculative" | "bild" | "specdec" | "ppd", or a strategy object (SpeculativeDecoder,
+            BildDecoder, SpecDecDecoder, PPDDecoder).
         max_new_tokens: new tokens per row at most.
         do_sample, temperature, top_k, top_p: sampling; the same standardisation is applied to
             target and draft. do_sample=False or temperature 0 is argmax decoding. Unlike HF,
@@ -41,7 +42,7 @@ def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch
         backend: the verification ops' backend ("auto", "torch", "triton", "cuda").
         cuda_graphs: capture the draft and verify steps as CUDA graphs (default: on a GPU).
         strategy_options: the strategy's own (e.g. draft_model=, num_draft_tokens= for
-            "speculative"; draft_model=, fallback_threshold=, rollback_threshold= for "bild"; drafter=, block_size=, top_beta=, tau= for "specdec").
+            "speculative"; draft_model=, fallback_threshold=, rollback_threshold= for "bild"; drafter=, block_size=, top_beta=, tau= for "specdec"; exit_layer=, k=, head= for "ppd").
 
     Returns:
         GenerateOutput(sequences [B, P + T] int64 like HF's generate, stats).

@@ -62,6 +62,15 @@ class Strategy:
         """(output_tokens [B, g+1], num_accepted [B]) from the target's logits [B, g+1, V]."""
         raise NotImplementedError
 
+    def tree_parents(self, engine: "Engine", proposal: Proposal) -> Tensor | None:
+        """Parents [B, g+1] of the verified tokens [root, drafts] when they form a tree (PPD's
+        candidate branches); None for a chain."""
+        return None
+
+    def commit_target(self, engine: "Engine", proposal: Proposal, num_accepted: Tensor) -> None:
+        """Keep what the step accepted in the target cache (a chain: the root and the leading drafts)."""
+        engine.cache.rollback(num_accepted)
+
     def after_accept(self, engine: "Engine", proposal: Proposal, num_accepted: Tensor) -> None:
         """Roll the draft cache back to what the step committed."""
 
@@ -229,10 +238,11 @@ class Engine:
         row bookkeeping, all on the device; returns the flags the host reads."""
         proposal = Proposal(tokens, probs, num_draft, extra)
         g = tokens.shape[1]
-        logits = self.target.verify(torch.cat([self.root.unsqueeze(1), tokens], dim=1), self.cache)
+        logits = self.target.verify(torch.cat([self.root.unsqueeze(1), tokens], dim=1), self.cache,
+                                    self.strategy.tree_parents(self, proposal))
         out, num_accepted = self.strategy.accept(self, proposal, logits)
         before = self.cache.seq_lens.clone()
-        self.cache.rollback(num_accepted)
+        self.strategy.commit_target(self, proposal, num_accepted)
         self.cache.seq_lens.copy_(torch.where(self.finished, before, self.cache.seq_lens))
         self.strategy.after_accept(self, proposal, num_accepted)
         self.record(out, num_accepted, num_draft if num_draft is not None else torch.full_like(num_accepted, g))

@@ -1,14 +1,15 @@
 """Models this package defines (HF PreTrainedModels; they need transformers).
 
-SpecDecDrafter: SpecDec's block-parallel [MASK] drafter. Importing this package registers its
+SpecDecDrafter: SpecDec's block-parallel [MASK] drafter. EarlyExitHead(s): PPD's early-exit heads. Importing this package registers its
 config with AutoConfig/AutoModel, so `AutoModel.from_pretrained(saved_dir)` works too.
 """
 
 from transformers import AutoConfig, AutoModel
 
+from .early_exit_head import EarlyExitHead, EarlyExitHeads
 from .specdec_drafter import DrafterCache, SpecDecDrafter, SpecDecDrafterConfig, SpecDecDrafterOutput
 
 AutoConfig.register(SpecDecDrafterConfig.model_type, SpecDecDrafterConfig, exist_ok=True)
 AutoModel.register(SpecDecDrafterConfig, SpecDecDrafter, exist_ok=True)
 
-__all__ = ["DrafterCache", "SpecDecDrafter", "SpecDecDrafterConfig", "SpecDecDrafterOutput"]
+__all__ = ["DrafterCache", "EarlyExitHead", "EarlyExitHeads", "SpecDecDrafter", "SpecDecDrafterConfig", "SpecDecDrafterOutput"]
