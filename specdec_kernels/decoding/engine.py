@@ -12,6 +12,7 @@ tensor per step (finished flags + whether every row accepted everything) to deci
 drop finished rows (eager only) and adapt the draft length.
 """
 
+import abc
 import contextlib
 import time
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ class Proposal:
     extra: Tensor | None = None
 
 
-class Strategy:
+class Strategy(abc.ABC):
     """What a decoding strategy supplies to the engine (it owns the draft model and its cache)."""
 
     name = "strategy"
@@ -48,19 +49,20 @@ class Strategy:
     def start(self, engine: "Engine") -> None:
         """Prepare the draft side for engine's batch (adapters, caches, prefill)."""
 
+    @abc.abstractmethod
     def num_draft_tokens(self) -> int:
         """Draft length g of the next step (static within a step)."""
-        raise NotImplementedError
 
     def max_draft_tokens(self) -> int:
         return self.num_draft_tokens()
 
+    @abc.abstractmethod
     def propose(self, engine: "Engine", first: bool) -> Proposal:
-        raise NotImplementedError
+        """The next step's drafts (and their distributions when the accept rule needs them)."""
 
+    @abc.abstractmethod
     def accept(self, engine: "Engine", proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
         """(output_tokens [B, g+1], num_accepted [B]) from the target's logits [B, g+1, V]."""
-        raise NotImplementedError
 
     def tree_parents(self, engine: "Engine", proposal: Proposal) -> Tensor | None:
         """Parents [B, g+1] of the verified tokens [root, drafts] when they form a tree (PPD's

@@ -9,6 +9,7 @@ shape; the decoder layers themselves are the model's own modules, whose attentio
 ops.tree_attention through the `specdec_tree` attention implementation.
 """
 
+import abc
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ class DecoderState:
     layer_kwargs: dict
 
 
-class ModelAdapter:
+class ModelAdapter(abc.ABC):
     """Base of the per-family adapters. Attributes every adapter sets:
 
     model: the HF model (its attention implementation is switched to `specdec_tree`).
@@ -48,21 +49,21 @@ class ModelAdapter:
 
     # ---- what a family supplies --------------------------------------------------------------
 
+    @abc.abstractmethod
     def cache_shape(self) -> tuple[int, int, int]:
         """(num_layers, num_kv_heads, head_dim) of the decoder's self-attention."""
-        raise NotImplementedError
 
     def max_positions(self) -> int | None:
         """Longest sequence the model can place (a learned position table), or None."""
         return None
 
+    @abc.abstractmethod
     def embed(self, tokens: Tensor, positions: Tensor, cache: SpecCache) -> Tensor:
         """[B, N, H] input of the first decoder layer."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def layer_kwargs(self, hidden: Tensor, positions: Tensor, cache: SpecCache, parents: Tensor | None) -> dict:
         """Keywords of every decoder-layer call of this forward (cache, positions, tree step)."""
-        raise NotImplementedError
 
     def logits(self, hidden: Tensor) -> Tensor:
         """[..., V] logits of hidden states [..., H]: final norm, then LM head."""
