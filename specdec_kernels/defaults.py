@@ -1,0 +1,100 @@
+"""The embedded default models: what `specdec-kernels demo` and `bench/e2e.py` run with no arguments.
+
+A small Llama target, a smaller Llama draft sharing its tokenizer, a SpecDec drafter and trained
+("Y") early-exit heads, all trained on the Python standard library's source by
+`bench/train_default_models.py` and shipped inside the package (folder `default_models/`, its
+MADE.md says how they were made). One folder holds one set:
+
+    <path>/tokenizer/          PreTrainedTokenizerFast (tokenizer.json, trained with `tokenizers`)
+    <path>/target/             LlamaForCausalLM (save_pretrained)
+    <path>/draft/              LlamaForCausalLM, same vocabulary
+    <path>/specdec_drafter/    SpecDecDrafter (save_pretrained)
+    <path>/early_exit_heads/   EarlyExitHeads (save_pretrained)
+    <path>/MADE.md             command, device, date, data, training losses
+
+    models = load_default_models(device="cuda")
+    specdec_kernels.generate(models.target, ids, strategy="speculative", draft_model=models.draft, ...)
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODELS_DIR = Path(__file__).resolve().parent / "default_models"
+PARTS = ("tokenizer", "target", "draft", "specdec_drafter", "early_exit_heads")
+
+
+@dataclass
+class DefaultModels:
+    """One set of default models (all in eval mode, on one device, one dtype)."""
+
+    tokenizer: object  # transformers.PreTrainedTokenizerFast
+    target: torch.nn.Module  # LlamaForCausalLM
+    draft: torch.nn.Module  # LlamaForCausalLM
+    specdec_drafter: torch.nn.Module  # specdec_kernels.models.SpecDecDrafter
+    early_exit_heads: torch.nn.Module  # specdec_kernels.models.EarlyExitHeads
+    path: Path
+
+    def strategy_options(self) -> dict:
+        """Keyword arguments of specdec_kernels.generate for each strategy on this set."""
+        return {"speculative": {"draft_model": self.draft},
+                "specdec": {"drafter": self.specdec_drafter},
+                "bild": {"draft_model": self.draft},
+                "ppd": {"head": self.early_exit_heads}}
+
+
+def default_models_available(path=None) -> bool:
+    """True if `path` (default: the embedded folder) holds every part of a set."""
+    root = Path(path) if path is not None else DEFAULT_MODELS_DIR
+    return all((root / part).is_dir() for part in PARTS)
+
+
+def load_default_models(path=None, *, device="cpu", dtype: torch.dtype | None = None) -> DefaultModels:
+    """Load a set of default models (default: the one shipped in the package).
+
+    Args:
+        path: a folder laid out as this module's docstring says; None = the embedded set.
+        device: where to put the models.
+        dtype: their parameter dtype (default: float32 on the CPU, bfloat16 on a GPU).
+    """
+    root = Path(path) if path is not None else DEFAULT_MODELS_DIR
+    missing = [part for part in PARTS if not (root / part).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"load_default_models: {root} lacks {', '.join(missing)} (expected the folders "
+                                f"{', '.join(PARTS)}; `python bench/train_default_models.py --out {root}` makes them)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .models import EarlyExitHeads, SpecDecDrafter
+
+    device = torch.device(device)
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+
+    def causal_lm(part):
+        return AutoModelForCausalLM.from_pretrained(root / part, dtype=dtype).to(device).eval()
+
+    return DefaultModels(
+        tokenizer=AutoTokenizer.from_pretrained(root / "tokenizer"),
+        target=causal_lm("target"),
+        draft=causal_lm("draft"),
+        specdec_drafter=SpecDecDrafter.from_pretrained(root / "specdec_drafter", dtype=dtype).to(device).eval(),
+        early_exit_heads=EarlyExitHeads.from_pretrained(root / "early_exit_heads", device=device, dtype=dtype),
+        path=root,
+    )
+
+
+def save_default_models(models: DefaultModels, path, *, dtype: torch.dtype = torch.float16) -> None:
+    """Write a set in the layout load_default_models reads, parameters stored as `dtype`."""
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    models.tokenizer.save_pretrained(root / "tokenizer")
+    for part in ("target", "draft", "specdec_drafter"):
+        module = getattr(models, part)
+        original = next(module.parameters()).dtype
+        module.to(dtype).save_pretrained(root / part)
+        module.to(original)
+    heads = models.early_exit_heads
+    original = next(heads.parameters()).dtype
+    heads.to(dtype).save_pretrained(root / "early_exit_heads")
+    heads.to(original)
