@@ -189,22 +189,9 @@ def targets(rows: list[dict], args) -> dict:
             "measured_over_theory": best.get("measured_over_theory"), "target_measured_over_theory": 0.8}
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    device = torch.device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    rows, static_tok_s = [], {}
-    first_level = {}
-    for pair in pairs(args, device, dtype):
-        new = run_pair(pair, args, device, static_tok_s, first_level.setdefault(pair.name, True))
-        first_level[pair.name] = False
-        new = [{k: v for k, v in row.items() if v is not None and k != "median_s"} for row in new]
-        for row in new:
-            print({k: row[k] for k in ("pair", "noise", "batch", "mode", "method", "graphs", "gamma", "status",
-                                       "tok_s", "alpha", "speedup_vs_plain") if k in row}, flush=True)
-        rows += new
+def report(rows: list[dict], args, argv, dtype) -> None:
+    """Write (or overwrite) the JSON, markdown and plots: called after every pair, so a run cut off by
+    a time limit still leaves what it measured."""
     out = Path(args.out)
     command = "python " + " ".join([Path(sys.argv[0]).as_posix() if argv is None else "bench/e2e.py",
                                     *(sys.argv[1:] if argv is None else argv)])
@@ -222,6 +209,24 @@ def main(argv=None):
     from _e2e_plots import plot_speedup, plot_tokens
     plot_speedup(rows, out / f"{args.stem}_speedup.png", meta)
     plot_tokens(rows, out / f"{args.stem}_tokens.png", meta)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    rows, static_tok_s, seen = [], {}, set()
+    for pair in pairs(args, device, dtype):
+        new = run_pair(pair, args, device, static_tok_s, first_level=pair.name not in seen)
+        seen.add(pair.name)
+        new = [{k: v for k, v in row.items() if v is not None and k != "median_s"} for row in new]
+        for row in new:
+            print({k: row[k] for k in ("pair", "noise", "batch", "mode", "method", "graphs", "gamma", "status",
+                                       "tok_s", "alpha", "speedup_vs_plain") if k in row}, flush=True)
+        rows += new
+        report(rows, args, argv, dtype)
 
 
 if __name__ == "__main__":
