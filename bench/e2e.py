@@ -14,8 +14,8 @@ and every --pair TARGET DRAFT. Batch sizes x greedy/sampling x gamma.
 Per row: tokens/s (median of --repeats synchronised calls after the first), the first call's latency
 separately, and for ours_spec: Leviathan's alpha, vLLM's acceptance rate, mean tokens per target
 forward, c, the theoretical speedup (1 - a^(g+1)) / ((1 - a)(g c + 1)), the measured speedup over
-ours_plain (same batch, same graph mode; sampling rows too: plain sampling costs what plain greedy
-does), measured/theory, the speedup over hf_static, and whether greedy output equals HF's greedy.
+ours_plain (same batch, same graph mode; sampling rows use it too, as plain sampling costs one
+target forward per token as well), measured/theory, the speedup over hf_static, and whether greedy output equals HF's greedy.
 EOS is switched off so every method generates exactly --max-new-tokens per row.
 
     python bench/e2e.py --out bench/results                 # GPU: TinyLlama-shaped pair, default pair
@@ -30,13 +30,14 @@ from pathlib import Path
 import torch
 
 import _e2e_runners as run
-from _e2e_pairs import CPU_SHAPE, SMOKE_SHAPE, TINYLLAMA_SHAPE, AlignedPair, Pair, default_pair, local_pair, random_prompts
+from _e2e_pairs import (CPU_SHAPE, SMOKE_SHAPE, TINYLLAMA_SHAPE, AlignedPair, Pair, default_pair, local_pair,
+                        random_prompts)
 from _report import write_report  # noqa: E402  (bench/ is on sys.path)
 
 HF_METHODS = ("hf_dynamic", "hf_static", "hf_assisted")
 COLS = ["pair", "noise", "batch", "mode", "method", "graphs", "gamma", "status", "tok_s", "first_call_s", "alpha",
         "acceptance_rate", "mean_accepted", "c", "theory_speedup", "speedup_vs_plain", "measured_over_theory",
-        "speedup_vs_hf_static", "matches_hf_greedy"]
+        "speedup_vs_hf_static", "matches_hf_greedy", "error"]
 
 
 def parse_args(argv):
@@ -122,10 +123,11 @@ def run_pair(pair: Pair, args, device, static_tok_s: dict, first_level: bool) ->
         at = {**base, "batch": batch}
         plain, draft_plain = {}, {}
         for graphs in graph_modes:  # our plain greedy on the target, then on the draft: c per graph mode
-            for model, method, store in ((pair.target, "ours_plain", plain), (pair.draft, "ours_plain_draft", draft_plain)):
-                row, _ = measure({**at, "mode": "greedy", "method": method, "graphs": graphs},
-                                 run.ours_method("ours_plain", model, None, ids, args.max_new_tokens, False, 1, graphs),
-                                 device, args)
+            for model, method, store in ((pair.target, "ours_plain", plain),
+                                         (pair.draft, "ours_plain_draft", draft_plain)):
+                fn = run.ours_method("ours_plain", model, None, ids, args.max_new_tokens, do_sample=False, gamma=0,
+                                     graphs=graphs)
+                row, _ = measure({**at, "mode": "greedy", "method": method, "graphs": graphs}, fn, device, args)
                 rows.append(row)
                 store[graphs] = row.get("median_s")
         for mode in args.modes:
