@@ -11,10 +11,13 @@
 #     attn      bench/bench_tree_attention.py, the target slice B {8, 32} x P 4096 (ATTN_ARGS overrides)
 #     kv        bench/bench_kv_compact.py                     (kv_compact.json/.md)
 #     exit      bench/bench_early_exit_topk.py                (early_exit_topk.json/.md)
+#     e2e       bench/e2e.py: TinyLlama-shaped aligned pair at 3 noise levels + the default pair, batch 1/4/16,
+#               greedy + sampling, gamma 4 (e2e.json/.md, e2e_speedup.png, e2e_tokens.png, rewritten after
+#               every pair so a cut-off run keeps what it measured; E2E_ARGS overrides)
 # build.log, build_info.json and summary.txt are written every time.
 set -uo pipefail
 out=${1:?usage: bash bench/gpu_checks.sh OUTDIR}
-stages=${STAGES:-test memcheck verify attn kv exit}
+stages=${STAGES:-test memcheck verify attn kv exit e2e}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 status=0
@@ -60,5 +63,8 @@ want attn && bench bench_tree_attention "${BENCH_TIMEOUT:-540}" python bench/ben
   ${ATTN_ARGS:---batch 8 32 --prefix 4096}
 want kv && bench bench_kv_compact "${BENCH_TIMEOUT:-300}" python bench/bench_kv_compact.py
 want exit && bench bench_early_exit_topk "${BENCH_TIMEOUT:-300}" python bench/bench_early_exit_topk.py
+# shellcheck disable=SC2086
+want e2e && bench e2e "${BENCH_TIMEOUT:-560}" python bench/e2e.py \
+  ${E2E_ARGS:---noise 0 0.1 0.5 --gammas 4 --max-new-tokens 96 --repeats 1 --method-timeout 120}
 echo "== exit $status" | tee -a "$out/summary.txt"
 exit $status
