@@ -41,6 +41,11 @@ def paged_from_contiguous(cache, page_size: int, *, generator=None, spare_pages:
     return pool, order.view(batch, max_pages).to(torch.int32)
 
 
+# Rows are processed in groups whose score tensor stays under this many elements (CPU decoding runs this
+# reference, so batching rows matters; the cap keeps 32k-token prefixes at large batch in memory).
+_SCORE_ELEMENTS_PER_GROUP = 1 << 25
+
+
 def tree_attention(q, k_cache, v_cache, seq_lens, parents=None, block_table=None, *, sm_scale=None):
     """Each of the N new tokens attends to its row's whole prefix (seq_lens[b] tokens) plus
     its ancestors and itself among the N tokens, whose K/V sit at seq_lens[b] + node.
@@ -55,17 +60,51 @@ def tree_attention(q, k_cache, v_cache, seq_lens, parents=None, block_table=None
         tree = torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device)).expand(batch, n, n)
     else:
         tree = ancestor_mask(parents)
+    lengths = seq_lens.to(device=q.device, dtype=torch.int64)
+    span = int(lengths.max()) + n if batch else n  # host read: the reference is not graph-capturable
+    rows_per_group = max(1, _SCORE_ELEMENTS_PER_GROUP // max(1, hq * n * span))
     out = torch.empty_like(q)
     lse = torch.empty(batch, n, hq, dtype=torch.float32, device=q.device)
-    for b in range(batch):
-        prefix = int(seq_lens[b])
-        keys = row_kv(k_cache, b, prefix + n, block_table).float().repeat_interleave(hq // hkv, dim=0)  # [Hq, L, D]
-        values = row_kv(v_cache, b, prefix + n, block_table).float().repeat_interleave(hq // hkv, dim=0)
-        scores = torch.einsum("nhd,hld->hnl", q[b].float(), keys) * scale  # [Hq, N, L]
-        visible = torch.cat([torch.ones(n, prefix, dtype=torch.bool, device=q.device), tree[b]], dim=1)
-        scores = scores.masked_fill(~visible, float("-inf"))
-        row_lse = torch.logsumexp(scores, dim=-1)  # [Hq, N]
-        probs = torch.exp(scores - row_lse.unsqueeze(-1))
-        out[b] = torch.einsum("hnl,hld->nhd", probs, values).to(q.dtype)
-        lse[b] = row_lse.transpose(0, 1)
+    for first in range(0, batch, rows_per_group):
+        rows = slice(first, min(batch, first + rows_per_group))
+        out[rows], lse[rows] = _rows_attention(q[rows], _rows_kv(k_cache, rows, span, block_table),
+                                               _rows_kv(v_cache, rows, span, block_table), lengths[rows],
+                                               tree[rows], scale)
     return out, lse
+
+
+def _rows_kv(cache, rows: slice, span: int, block_table):
+    """Positions [0, span) of a group of rows as [R, Hkv, span, D] (slots past the cache end or a row's
+    block table are clamped: they are masked out by _rows_attention before use)."""
+    if block_table is None:
+        window = cache[rows, :, :span]
+        if window.shape[2] < span:  # the longest row ends at S_max: pad the view, never read past it
+            window = torch.nn.functional.pad(window, (0, 0, 0, span - window.shape[2]))
+        return window
+    page_size = cache.shape[1]
+    table = block_table[rows, : -(-span // page_size)].long()
+    pages = cache[table]  # [R, pages, page_size, Hkv, D]
+    return pages.flatten(1, 2)[:, :span].transpose(1, 2)
+
+
+def _rows_attention(q, keys, values, lengths, tree, scale):
+    """q [R, N, Hq, D]; keys/values [R, Hkv, span, D]; lengths [R]; tree [R, N, N] -> (out, lse)."""
+    rows, n, hq, d = q.shape
+    hkv, span = keys.shape[1], keys.shape[2]
+    position = torch.arange(span, device=q.device)
+    node = position - lengths[:, None]  # [R, span]: which new token a slot holds (< 0: prefix)
+    exists = node < n
+    # visible[r, i, s]: prefix slot, or slot of node i's ancestor-or-self
+    in_tree = (node >= 0) & exists
+    tree_bits = tree.gather(2, node.clamp(0, n - 1)[:, None, :].expand(rows, n, span))
+    visible = (node[:, None, :] < 0) | (in_tree[:, None, :] & tree_bits)  # [R, N, span]
+    # slots no row owns may hold anything (NaN in tests): zero them so 0-probability * NaN cannot leak
+    keys = torch.where(exists[:, None, :, None], keys.float(), 0.0)
+    values = torch.where(exists[:, None, :, None], values.float(), 0.0)
+    grouped_q = q.float().view(rows, n, hkv, hq // hkv, d)  # query head h reads KV head h // group
+    scores = torch.einsum("rnkgd,rksd->rkgns", grouped_q, keys) * scale
+    scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
+    row_lse = torch.logsumexp(scores, dim=-1)  # [R, Hkv, G, N]
+    probs = torch.exp(scores - row_lse.unsqueeze(-1))
+    out = torch.einsum("rkgns,rksd->rnkgd", probs, values).reshape(rows, n, hq, d)
+    return out.to(q.dtype), row_lse.permute(0, 3, 1, 2).reshape(rows, n, hq)
