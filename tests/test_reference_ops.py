@@ -350,3 +350,28 @@ def test_fallback_check_accepts_every_backend_of_max_prob():
     logits = torch.randn(3, 20)
     want = ops.fallback_check(logits, 0.3)
     assert torch.equal(ops.fallback_check(logits, 0.3, backend="torch"), want)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tree_depths_and_ancestor_mask_vs_walking_up(seed):
+    """Pointer-jumping depths / ancestor bits == walking each node up to the root, on random trees
+    of 1..70 nodes (deep chains included) with unused slots."""
+    gen = torch.Generator().manual_seed(seed)
+    for n in (1, 2, 3, 17, 64, 70):
+        parents = torch.full((3, n), -1, dtype=torch.int64)
+        for b in range(3):
+            for i in range(1, n):
+                roll = torch.rand((), generator=gen).item()
+                if roll < 0.15:
+                    continue  # unused slot
+                candidates = [j for j in range(i) if j == 0 or parents[b, j] >= 0]
+                parents[b, i] = i - 1 if roll < 0.5 and parents[b, i - 1] >= 0 or i == 1 else \
+                    candidates[int(torch.randint(len(candidates), (), generator=gen))]
+        parents[0] = torch.arange(n) - 1  # row 0: a chain, the deepest tree of n nodes
+        depths, mask = reference.tree_depths(parents), reference.ancestor_mask(parents)
+        for b in range(3):
+            row = parents[b].tolist()
+            for i in range(n):
+                path = oracles.root_to_node_path(row, i) if i == 0 or row[i] >= 0 else [i]
+                assert depths[b, i].item() == len(path) - 1
+                assert sorted(torch.nonzero(mask[b, i]).flatten().tolist()) == path

@@ -9,29 +9,44 @@ backends derive the same bits on the device.
 import torch
 
 
+def _jump_start(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pointer-jumping start: each node's parent, roots and unused slots pointing at themselves."""
+    self_index = torch.arange(parents.shape[1], device=parents.device).expand_as(parents)
+    has_parent = parents >= 0
+    return torch.where(has_parent, parents.long(), self_index), has_parent
+
+
+def _jump_rounds(n: int) -> int:
+    """Rounds of pointer jumping that reach every ancestor: depths are < n, each round doubles the reach."""
+    return max(0, (n - 1).bit_length())
+
+
 def tree_depths(parents: torch.Tensor) -> torch.Tensor:
-    """int64 [B, N]: depth of each node (root 0); unused slots get depth 0."""
-    batch, n = parents.shape
-    depth = torch.zeros(batch, n, dtype=torch.int64, device=parents.device)
-    for i in range(1, n):  # parents come before children, so one pass suffices
-        p = parents[:, i]
-        has_parent = p >= 0
-        depth[:, i] = torch.where(has_parent, depth.gather(1, p.clamp(min=0).unsqueeze(1)).squeeze(1) + 1, 0)
+    """int64 [B, N]: depth of each node (root 0); unused slots get depth 0.
+
+    Pointer jumping: O(log N) tensor ops instead of a loop over the nodes (this runs on every tree
+    verification forward, where each op is a kernel launch)."""
+    pointer, has_parent = _jump_start(parents)
+    depth = has_parent.long()  # distance to `pointer`
+    for _ in range(_jump_rounds(parents.shape[1])):
+        depth = depth + depth.gather(1, pointer)
+        pointer = pointer.gather(1, pointer)
     return depth
 
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     """bool [B, N, N]: mask[b, i, j] is True when j is i itself or one of its ancestors.
 
-    parents=None callers use a lower-triangular chain instead.
+    parents=None callers use a lower-triangular chain instead. Pointer jumping, as tree_depths:
+    after round r, row i holds its ancestors closer than 2^r and `pointer` its 2^r-th ancestor.
     """
     batch, n = parents.shape
+    pointer, has_parent = _jump_start(parents)
     mask = torch.eye(n, dtype=torch.bool, device=parents.device).expand(batch, n, n).clone()
-    for i in range(1, n):
-        p = parents[:, i]
-        has_parent = p >= 0
-        inherited = mask[torch.arange(batch, device=parents.device), p.clamp(min=0)]
-        mask[:, i] |= inherited & has_parent.unsqueeze(1)
+    mask |= torch.nn.functional.one_hot(pointer, n).bool() & has_parent.unsqueeze(-1)
+    for _ in range(_jump_rounds(n)):
+        mask = mask | mask.gather(1, pointer.unsqueeze(-1).expand(batch, n, n))
+        pointer = pointer.gather(1, pointer)
     return mask
 
 
