@@ -25,7 +25,8 @@ PROMPTS = (
     "class Stack:\n    def __init__(self):\n        ",
 )
 STRATEGIES = ("speculative", "specdec", "bild", "ppd")
-GREEDY = "greedy (HF generate)"  # the baseline: our engine has no plain mode, so HF's own greedy loop
+GREEDY = "greedy"  # the baseline: our engine has no plain mode, so it is the target's own HF generate loop
+LABELS = {GREEDY: "greedy (HF generate)"}
 SAMPLE_CHARS = 120
 
 
@@ -81,10 +82,13 @@ def load_pair(args, device: torch.device, dtype: torch.dtype) -> Pair:
     if args.specdec_drafter:
         fail("--specdec-drafter goes with --target/--draft (a --models set has its own drafter)")
     root = _existing("--models", args.models) if args.models else DEFAULT_MODELS_DIR
-    if not default_models_available(root):
-        hint = "" if args.models else " (not shipped in this install; pass --models PATH or --target PATH --draft PATH)"
-        fail(f"no default model set at {root}{hint}")
-    models = load_default_models(root, device=device, dtype=dtype)
+    if not args.models and not default_models_available(root):
+        fail(f"the embedded default models are not in this install ({root}); pass --models PATH "
+             "or --target PATH --draft PATH")
+    try:
+        models = load_default_models(root, device=device, dtype=dtype)
+    except FileNotFoundError as error:  # names the missing parts
+        fail(str(error))
     pick = models.strategy_options()
     depth = models.target.config.num_hidden_layers
     layers = [layer for layer in models.early_exit_heads.layers if 1 <= layer < depth]
@@ -218,7 +222,7 @@ def format_table(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|"]
     for row in rows:
         rate = "-" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.2f}"
-        lines.append(f"| {row['strategy']} | {row['tokens_per_s']:.1f} | {row['speedup']:.2f}x "
+        lines.append(f"| {LABELS.get(row['strategy'], row['strategy'])} | {row['tokens_per_s']:.1f} | {row['speedup']:.2f}x "
                      f"| {row['mean_accepted_tokens']:.2f} | {rate} | {'yes' if row['identical_to_greedy'] else 'no'} "
                      f"| {row['first_call_s']:.2f} |")
     return "\n".join(lines)
@@ -251,17 +255,17 @@ def run(args) -> int:
     for row in rows:
         text = row["sample"]
         text = text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS] + "..."
-        print(f"\n== {row['strategy']}  identical to greedy: {'yes' if row['identical_to_greedy'] else 'no'}")
+        print(f"\n== {LABELS.get(row['strategy'], row['strategy'])}  identical to greedy: {'yes' if row['identical_to_greedy'] else 'no'}")
         print(f"   {text!r}")
     print()
     print(format_table(rows))
-    print(f"\n{GREEDY} is the baseline: the target's own `generate(do_sample=False)` (our engine has no plain "
+    print(f"\n{LABELS[GREEDY]} is the baseline: the target's own `generate(do_sample=False)` (our engine has no plain "
           "mode). Lossless settings: speculative g=4, specdec top_beta=1, bild rollback_rule='exact', ppd k=3. "
           "Times are synchronised; the first call (warm-up, incl. CUDA-graph capture) is not in tokens/s.")
     if args.json:
         meta = {"device": describe(device), "dtype": args.dtype, "models": pair.source, "prompts": list(prompts),
                 "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "torch": torch.__version__,
-                "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(["specdec-kernels", *sys.argv[1:]]),
                 "skipped": pair.skipped}
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
         print(f"wrote {args.json}")
