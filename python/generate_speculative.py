@@ -1,6 +1,8 @@
 """Speculative decoding and BiLD on HF models with `specdec_kernels.generate`.
 
-    python python/generate_speculative.py                               # tiny random Llama pair
+    python python/generate_speculative.py                               # the embedded default set if shipped,
+                                                                        # else a tiny random Llama pair
+    python python/generate_speculative.py --models PATH                 # a set in the default-models layout
     python python/generate_speculative.py --target PATH --draft PATH    # local checkpoints sharing a tokenizer
 
 Two left-padded prompts of different lengths are decoded greedily three ways: the target's own
@@ -9,34 +11,31 @@ forward) and strategy "bild" with the exact-match rollback rule; all three must 
 token. Then one seeded sampling run. Statistics come with every output.
 """
 
-import argparse
-
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 import specdec_kernels
+from example_models import encode, load, parser
+from specdec_kernels.defaults import default_models_available
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--target", help="local target checkpoint (default: a tiny random Llama)")
-parser.add_argument("--draft", help="local draft checkpoint (default: the target with noisy weights)")
-parser.add_argument("--max-new-tokens", type=int, default=24)
-args = parser.parse_args()
+args = parser(__doc__).parse_args()
 
-if args.target is None:
+if args.target or args.models or default_models_available():
+    models = load(args)
+    target, draft, pad = models.target, models.draft, models.tokenizer.pad_token_id
+    batch = encode(models.tokenizer)
+    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+else:  # no trained set in this checkout: a tiny random pair (the draft is the target with noisy weights)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)
     target = LlamaForCausalLM(config).eval()
     draft = LlamaForCausalLM(config).eval()
     draft.load_state_dict({k: v + 0.02 * torch.randn_like(v) for k, v in target.state_dict().items()})
-else:
-    target = AutoModelForCausalLM.from_pretrained(args.target).eval()
-    draft = AutoModelForCausalLM.from_pretrained(args.draft).eval()
-
-vocab = target.config.vocab_size
-input_ids = torch.tensor([[0, 0, 5, 17, 42, 9], [11, 23, 8, 64, 3, 30]]) % vocab  # row 0 is left-padded
-attention_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
-common = dict(attention_mask=attention_mask, max_new_tokens=args.max_new_tokens, pad_token_id=0, eos_token_id=[])
+    input_ids = torch.tensor([[0, 0, 5, 17, 42, 9], [11, 23, 8, 64, 3, 30]])  # row 0 is left-padded
+    attention_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    pad = 0
+common = dict(attention_mask=attention_mask, max_new_tokens=args.max_new_tokens, pad_token_id=pad, eos_token_id=[])
 
 reference = target.generate(input_ids, do_sample=False, **common)
 speculative = specdec_kernels.generate(target, input_ids, strategy="speculative", draft_model=draft,

@@ -1,0 +1,132 @@
+"""`specdec-kernels demo` runs end to end (in a subprocess, on the tiny untrained default set) and says
+what it promises: every strategy, the table, exactness against greedy, JSON, clear errors."""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from default_models_support import save_tiny_default_models
+from specdec_kernels import cli
+from specdec_kernels import demo as demo_module
+from specdec_kernels.defaults import default_models_available
+
+STRATEGIES = ("speculative", "specdec", "bild", "ppd")
+TABLE_HEADER = "| strategy | tokens/s | speedup vs greedy | mean accepted tokens per target forward | acceptance rate"
+
+
+@pytest.fixture(scope="module")
+def tiny_set(tmp_path_factory):
+    return save_tiny_default_models(tmp_path_factory.mktemp("tiny_default_models"))
+
+
+def demo(*args, check=True):
+    # one thread: tiny models gain nothing from more, and a shared CI machine's spinning threads cost seconds
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "specdec_kernels", "demo", *map(str, args)],
+                          capture_output=True, text=True, env=env)
+    if check:
+        assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def table_rows(stdout: str) -> dict:
+    """strategy label -> its table cells."""
+    rows = {}
+    for line in stdout.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if line.startswith("| ") and not line.startswith("| strategy"):
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_demo_on_a_models_folder_prints_every_strategy_identical_to_greedy(tiny_set, tmp_path):
+    out = tmp_path / "demo.json"
+    done = demo("--models", tiny_set, "--max-new-tokens", 8, "--json", out)
+    assert done.stdout.startswith("device: CPU")
+    assert TABLE_HEADER in done.stdout
+    for name in STRATEGIES:
+        assert f"== {name}  identical to greedy: yes" in done.stdout
+    rows = table_rows(done.stdout)
+    assert set(rows) == {"greedy (HF generate)", *STRATEGIES}
+    assert all(cells[5] == "yes" for cells in rows.values())
+
+    result = json.loads(out.read_text())
+    assert result["meta"]["max_new_tokens"] == 8 and result["meta"]["batch_size"] == 1
+    by_name = {row["strategy"]: row for row in result["rows"]}
+    assert list(by_name) == ["greedy", *STRATEGIES]
+    for row in by_name.values():
+        assert {"tokens_per_s", "speedup", "mean_accepted_tokens", "acceptance_rate", "identical_to_greedy",
+                "first_call_s", "sample"} <= set(row)
+        assert row["identical_to_greedy"] is True and row["tokens"] == 8 * 3  # three built-in prompts
+        assert row["tokens_per_s"] > 0 and row["first_call_s"] > 0
+    assert by_name["greedy"]["speedup"] == 1.0 and by_name["greedy"]["acceptance_rate"] is None
+    for name in STRATEGIES:
+        assert 1.0 <= by_name[name]["mean_accepted_tokens"] and 0.0 <= by_name[name]["acceptance_rate"] <= 1.0
+    assert by_name["ppd"]["options"]["exit_layer"] == 2  # the tiny set has trained-layout heads at 2 and 3
+
+
+def user_checkpoint(tiny_set, tmp_path):
+    """The tiny target as a user's own checkpoint: the tokenizer lives beside the weights."""
+    target = shutil.copytree(tiny_set / "target", tmp_path / "target")
+    shutil.copytree(tiny_set / "tokenizer", target, dirs_exist_ok=True)
+    return target
+
+
+def test_demo_on_user_target_and_draft_with_mixed_prompts_in_a_batch(tiny_set, tmp_path):
+    out = tmp_path / "demo.json"
+    done = demo("--target", user_checkpoint(tiny_set, tmp_path), "--draft", tiny_set / "draft", "--specdec-drafter",
+                tiny_set / "specdec_drafter", "--max-new-tokens", 4, "--batch-size", 3,
+                "--prompt", "x = 1\n", "--prompt", "def f(a, b):\n    return", "--json", out)
+    for name in STRATEGIES:
+        assert f"== {name}  identical to greedy: yes" in done.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 5 and all(row["tokens"] == 4 * 3 for row in rows)  # 2 prompts cycled to 3 rows, left-padded
+
+
+def test_user_pair_without_drafter_skips_specdec_and_uses_head_n(tiny_set, tmp_path):
+    args = argparse.Namespace(models=None, target=str(user_checkpoint(tiny_set, tmp_path)),
+                              draft=str(tiny_set / "draft"), specdec_drafter=None)
+    pair = demo_module.load_pair(args, torch.device("cpu"), torch.float32)
+    assert set(pair.options) == {"speculative", "bild", "ppd"} and pair.options["ppd"]["head"] == "N"
+    assert "--specdec-drafter" in pair.skipped["specdec"]
+
+
+def test_demo_bad_path_exits_non_zero_with_a_clear_message():
+    done = demo("--models", "/nonexistent/models", check=False)
+    assert done.returncode != 0
+    assert "specdec-kernels demo: --models /nonexistent/models: no such folder" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "/nonexistent/target", "--draft", "/nonexistent/draft"], "--target /nonexistent/target: no such folder"),
+    (["--target", "/nonexistent/target"], "--target and --draft go together"),
+    (["--max-new-tokens", "0"], "--max-new-tokens and --batch-size must be at least 1"),
+])
+def test_demo_bad_arguments_fail_clearly(args, message):
+    with pytest.raises(SystemExit) as error:
+        cli.main(["demo", *args])
+    assert str(error.value).startswith(f"specdec-kernels demo: {message}")  # SystemExit(str): printed, status 1
+
+
+def test_demo_on_a_folder_that_is_not_a_set_names_the_missing_parts(tmp_path):
+    with pytest.raises(SystemExit, match=f"{tmp_path} lacks tokenizer, target, draft"):
+        cli.main(["demo", "--models", str(tmp_path)])
+
+
+def test_plain_demo_on_the_embedded_set():
+    if not default_models_available():
+        pytest.skip("the embedded default models (specdec_kernels/default_models/) are not in this checkout")
+    script = shutil.which("specdec-kernels")  # the installed console script, as a new user runs it
+    command = [script] if script else [sys.executable, "-m", "specdec_kernels"]
+    done = subprocess.run([*command, "demo"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in STRATEGIES:
+        assert f"== {name}  identical to greedy: yes" in done.stdout
+    assert TABLE_HEADER in done.stdout
