@@ -67,7 +67,7 @@ def load(args, device):
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.target)
         return target, tokenizer, None, args.target
     models = load_default_models(args.models, device=device, dtype=torch.float32)
-    return models.target, models.tokenizer, models.early_exit_heads, f"default models ({models.path})"
+    return models.target, models.tokenizer, models.early_exit_heads, f"default models ({args.models or 'embedded'})"
 
 
 def main():
