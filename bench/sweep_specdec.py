@@ -21,7 +21,6 @@ default target is a tiny random Llama, created on the fly).
 """
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -33,22 +32,10 @@ from specdec_kernels.models import SpecDecDrafter
 from specdec_kernels.training import train_specdec_drafter
 
 from _report import write_report  # noqa: E402  (bench/ is on sys.path)
+from _stdlib_text import stdlib_texts  # noqa: E402
 
 BLOCK_SIZES = (5, 10, 25)
 SETTINGS = ((1, 0.0), (3, 1.0), (5, 3.0), (5, 5.0))
-
-
-def stdlib_texts(limit_bytes: int) -> list[str]:
-    """Source of the standard library's modules, largest first, up to limit_bytes."""
-    files = sorted(Path(os.__file__).parent.glob("*.py"), key=lambda p: -p.stat().st_size)
-    texts, total = [], 0
-    for path in files:
-        text = path.read_text(errors="ignore")
-        texts.append(text)
-        total += len(text)
-        if total >= limit_bytes:
-            break
-    return texts
 
 
 def tiny_target(device, **overrides):

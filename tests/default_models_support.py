@@ -9,16 +9,8 @@ import torch
 
 def tiny_tokenizer(vocab_size: int = 300):
     """A byte-level BPE tokenizer trained in well under a second on one standard-library file."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator([(Path(os.__file__).parent / "textwrap.py").read_text()], trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    from specdec_kernels.training.tokenizer import train_bpe_tokenizer
+    return train_bpe_tokenizer([(Path(os.__file__).parent / "textwrap.py").read_text()], vocab_size)
 
 
 def make_tiny_default_models(seed: int = 0):
