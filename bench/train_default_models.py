@@ -10,7 +10,7 @@ Parts, in order, each with a progress bar and a fixed seed:
 A few standard-library files are held out (_stdlib_text.HELD_OUT) for the losses and the acceptance rate in MADE.md.
 
     python bench/train_default_models.py --out specdec_kernels/default_models          # the shipped set
-    python bench/train_default_models.py --out /tmp/dm --device cuda --steps-multiplier 20   # a GPU
+    python bench/train_default_models.py --out /tmp/dm --device cuda --steps-multiplier 5    # a GPU
     python bench/train_default_models.py --out /tmp/dm --quick                         # < 1 min, CI
 """
 
@@ -39,13 +39,13 @@ from specdec_kernels.training.tokenizer import train_bpe_tokenizer  # noqa: E402
 
 SAMPLE_PROMPTS = ("def ", "import os\n")
 
-# Sizes: the full set is about 9 MB in float16 and trains in about 30 minutes on 2 CPU cores shared with other jobs
+# Sizes: the full set is about 10.5 MB in float16 and trains in about 17 minutes on 2 idle CPU cores
 # (hidden 128 = 2 heads of 64, our kernels' fast head_dim, with 1 KV head: GQA). On these cores a step
 # of the width-256 model costs ~3-7x more, so for the same wall time the smaller model sees far more text.
 FULL = dict(text_bytes=10_000_000, vocab=4096, hidden=128, intermediate=384, layers=6, heads=2, kv_heads=1,
-            draft_layers=1, sequence=128, batch=16, target_steps=300, target_lr=3e-3, draft_steps=150,
-            draft_lr=2e-3, drafter_layers=2, drafter_block=5, drafter_steps=400, drafter_prompts=256,
-            head_steps=100, eval_prompts=16, eval_tokens=32)
+            draft_layers=1, sequence=128, batch=16, target_steps=1200, target_lr=3e-3, draft_steps=600,
+            draft_lr=2e-3, drafter_layers=2, drafter_block=5, drafter_steps=1600, drafter_prompts=2048,
+            head_steps=400, eval_prompts=16, eval_tokens=32)
 QUICK = dict(text_bytes=150_000, vocab=300, hidden=64, intermediate=128, layers=4, heads=1, kv_heads=1,
              draft_layers=1, sequence=32, batch=4, target_steps=8, target_lr=3e-3, draft_steps=4, draft_lr=2e-3,
              drafter_layers=1, drafter_block=3, drafter_steps=4, drafter_prompts=16, head_steps=4,
@@ -155,7 +155,7 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="tiny sizes and a few steps (a test of the script)")
     parser.add_argument("--steps-multiplier", type=float, default=1.0,
-                        help="scale every part's training steps (e.g. 20 on a GPU: the shipped set is under-trained)")
+                        help="scale every part's training steps (e.g. 5 on a GPU: more text per part)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     size = dict(QUICK if args.quick else FULL)
