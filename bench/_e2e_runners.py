@@ -5,7 +5,7 @@ GPU; on the CPU it runs uncompiled), and assisted generation (`assistant_model=`
 length fixed at gamma like ours: constant schedule, no confidence threshold).
 Ours: `specdec_kernels.generate(strategy="speculative")`, with the engine's CUDA graphs (its default
 on a GPU) and eager; and "our plain greedy": the same engine, target adapter, SpecCache and CUDA
-graphs with a draft of zero tokens (PlainDecoding below), i.e. one target forward per token. That is
+graphs with a draft of zero tokens (strategy "plain"), i.e. one target forward per token. That is
 the baseline of Leviathan's formula: the same per-forward cost the speculative loop pays, minus drafting.
 The cost ratio c is measured with the same plain loop run on the draft model: c = time per token of
 plain decoding with the draft / the same with the target (batch size and graph mode matched).
@@ -19,22 +19,6 @@ from contextlib import contextmanager
 import torch
 
 import specdec_kernels
-from specdec_kernels.decoding.engine import Proposal, Strategy
-
-
-class PlainDecoding(Strategy):
-    """Zero draft tokens: each engine step is one target forward over the root and an argmax."""
-
-    name = "plain"
-
-    def num_draft_tokens(self) -> int:
-        return 0
-
-    def propose(self, engine, first: bool) -> Proposal:
-        return Proposal(engine.root.new_zeros(engine.root.shape[0], 0))
-
-    def accept(self, engine, proposal, logits):
-        return logits.argmax(dim=-1), torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
 
 
 def sync(device: torch.device) -> None:
@@ -105,7 +89,7 @@ def ours_method(kind: str, target, draft, ids, max_new_tokens: int, do_sample: b
     options = dict(max_new_tokens=max_new_tokens, eos_token_id=[], pad_token_id=0, seed=0,
                    cuda_graphs=None if graphs else False)
     if kind == "ours_plain":
-        return lambda: specdec_kernels.generate(target, ids, strategy=PlainDecoding(), **options)
+        return lambda: specdec_kernels.generate(target, ids, strategy="plain", **options)
     return lambda: specdec_kernels.generate(target, ids, strategy="speculative", draft_model=draft,
                                             num_draft_tokens=gamma, **options,
                                             **sampling_kwargs(do_sample, hf=False))

@@ -17,6 +17,7 @@ from specdec_kernels import demo as demo_module
 from specdec_kernels.defaults import default_models_available
 
 STRATEGIES = ("speculative", "specdec", "bild", "ppd")
+PLAIN = "plain (our engine, no draft)"  # the demo's label of strategy "plain"
 TABLE_HEADER = "| strategy | tokens/s | speedup vs greedy | mean accepted tokens per target forward | acceptance rate"
 
 
@@ -53,19 +54,21 @@ def test_demo_on_a_models_folder_prints_every_strategy_identical_to_greedy(tiny_
     for name in STRATEGIES:
         assert f"== {name}  identical to greedy: yes" in done.stdout
     rows = table_rows(done.stdout)
-    assert set(rows) == {"greedy (HF generate)", *STRATEGIES}
+    assert f"== {PLAIN}  identical to greedy: yes" in done.stdout
+    assert set(rows) == {"greedy (HF generate)", PLAIN, *STRATEGIES}
     assert all(cells[5] == "yes" for cells in rows.values())
 
     result = json.loads(out.read_text())
     assert result["meta"]["max_new_tokens"] == 8 and result["meta"]["batch_size"] == 1
     by_name = {row["strategy"]: row for row in result["rows"]}
-    assert list(by_name) == ["greedy", *STRATEGIES]
+    assert list(by_name) == ["greedy", "plain", *STRATEGIES]
     for row in by_name.values():
         assert {"tokens_per_s", "speedup", "mean_accepted_tokens", "acceptance_rate", "identical_to_greedy",
                 "first_call_s", "sample"} <= set(row)
         assert row["identical_to_greedy"] is True and row["tokens"] == 8 * 3  # three built-in prompts
         assert row["tokens_per_s"] > 0 and row["first_call_s"] > 0
     assert by_name["greedy"]["speedup"] == 1.0 and by_name["greedy"]["acceptance_rate"] is None
+    assert by_name["plain"]["mean_accepted_tokens"] == 1.0 and by_name["plain"]["acceptance_rate"] is None
     for name in STRATEGIES:
         assert 1.0 <= by_name[name]["mean_accepted_tokens"] and 0.0 <= by_name[name]["acceptance_rate"] <= 1.0
     assert by_name["ppd"]["options"]["exit_layer"] == 2  # the tiny set has trained-layout heads at 2 and 3
@@ -86,14 +89,14 @@ def test_demo_on_user_target_and_draft_with_mixed_prompts_in_a_batch(tiny_set, t
     for name in STRATEGIES:
         assert f"== {name}  identical to greedy: yes" in done.stdout
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 5 and all(row["tokens"] == 4 * 3 for row in rows)  # 2 prompts cycled to 3 rows, left-padded
+    assert len(rows) == 6 and all(row["tokens"] == 4 * 3 for row in rows)  # 2 prompts cycled to 3 rows, left-padded
 
 
 def test_user_pair_without_drafter_skips_specdec_and_uses_head_n(tiny_set, tmp_path):
     args = argparse.Namespace(models=None, target=str(user_checkpoint(tiny_set, tmp_path)),
                               draft=str(tiny_set / "draft"), specdec_drafter=None)
     pair = demo_module.load_pair(args, torch.device("cpu"), torch.float32)
-    assert set(pair.options) == {"speculative", "bild", "ppd"} and pair.options["ppd"]["head"] == "N"
+    assert set(pair.options) == {"plain", "speculative", "bild", "ppd"} and pair.options["ppd"]["head"] == "N"
     assert "--specdec-drafter" in pair.skipped["specdec"]
 
 

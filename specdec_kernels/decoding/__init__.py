@@ -1,14 +1,16 @@
 """Decoding strategies on HF models: one engine loop (engine.py), one file per strategy.
 
 `generate(target, input_ids, strategy=..., ...)` is the entry point (also
-`specdec_kernels.generate`); strategies are usable as objects too (SpeculativeDecoder, BildDecoder, SpecDecDecoder, PPDDecoder).
+`specdec_kernels.generate`); strategies are usable as objects too (SpeculativeDecoder, BildDecoder, SpecDecDecoder, PPDDecoder,
+PlainDecoder).
 """
 
 from .api import generate
 from .bild import BildDecoder
 from .output import GenerateOutput, Stats
+from .plain import PlainDecoder
 from .ppd import PPDDecoder
 from .specdec import SpecDecDecoder
 from .speculative import SpeculativeDecoder
 
-__all__ = ["BildDecoder", "GenerateOutput", "PPDDecoder", "SpecDecDecoder", "SpeculativeDecoder", "Stats", "generate"]
+__all__ = ["BildDecoder", "GenerateOutput", "PPDDecoder", "PlainDecoder", "SpecDecDecoder", "SpeculativeDecoder", "Stats", "generate"]

@@ -10,10 +10,12 @@ from .standardize import Sampling
 
 def _strategies() -> dict:
     from .bild import BildDecoder
+    from .plain import PlainDecoder
     from .ppd import PPDDecoder
     from .specdec import SpecDecDecoder
     from .speculative import SpeculativeDecoder
-    return {"speculative": SpeculativeDecoder, "bild": BildDecoder, "specdec": SpecDecDecoder, "ppd": PPDDecoder}
+    return {"speculative": SpeculativeDecoder, "bild": BildDecoder, "specdec": SpecDecDecoder, "ppd": PPDDecoder,
+            "plain": PlainDecoder}
 
 
 @torch.no_grad()
@@ -28,8 +30,9 @@ def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch
             `AutoModelForSeq2SeqLM` for encoder-decoder pairs); see hf.SUPPORTED_MODEL_TYPES.
         input_ids: int64 [B, P] prompts (encoder inputs for encoder-decoder models), left- or
             right-padded as marked by `attention_mask` [B, P] (1 = token).
-        strategy: "speculative" | "bild" | "specdec" | "ppd", or a strategy object (SpeculativeDecoder,
-            BildDecoder, SpecDecDecoder, PPDDecoder).
+        strategy: "speculative" | "bild" | "specdec" | "ppd", or "plain" (no draft: one target forward per
+            token on the same engine, the baseline), or a strategy object (SpeculativeDecoder,
+            BildDecoder, SpecDecDecoder, PPDDecoder, PlainDecoder).
         max_new_tokens: new tokens per row at most.
         do_sample, temperature, top_k, top_p: sampling; the same standardisation is applied to
             target and draft. do_sample=False or temperature 0 is argmax decoding. Unlike HF,

@@ -1,0 +1,44 @@
+"""Strategy `plain`: no draft, one target forward per token (greedy or sampled), through the same
+engine, SpecCache, kernels and CUDA graphs as the speculative strategies. It is the baseline they are
+measured against (Leviathan's speedup is over this loop, not over a different implementation) and a
+fast plain decoder in its own right: greedy output equals the target's `generate(do_sample=False)`,
+sampled output follows the target's standardised distribution with the engine's per-row Philox seeds.
+"""
+
+from torch import Tensor
+
+from .. import ops
+from .engine import Engine, Proposal, Strategy
+from .standardize import standardize
+
+
+class PlainDecoder(Strategy):
+    """`PlainDecoder(target).generate(input_ids, ...)`, or
+    `specdec_kernels.generate(target, input_ids, strategy="plain", ...)`."""
+
+    name = "plain"
+
+    def __init__(self, target=None):
+        self.target_model = target
+
+    def generate(self, input_ids, **kwargs):
+        """specdec_kernels.generate(target, input_ids, strategy=self, **kwargs)."""
+        from .api import generate
+        return generate(self.target_model, input_ids, strategy=self, **kwargs)
+
+    # ---- engine interface --------------------------------------------------------------------
+
+    def num_draft_tokens(self) -> int:
+        return 0
+
+    def propose(self, engine: Engine, first: bool) -> Proposal:
+        return Proposal(engine.root.new_zeros(engine.root.shape[0], 0))
+
+    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
+        # the verification ops with zero drafts are exactly argmax / a draw from the target's row
+        if not engine.sampling.do_sample:
+            return ops.greedy_verify(logits, proposal.tokens, backend=engine.backend)
+        target_probs = standardize(logits, engine.sampling)
+        no_drafts = target_probs.new_zeros(target_probs.shape[0], 0, target_probs.shape[-1])
+        return ops.rejection_sample(target_probs, no_drafts, proposal.tokens, seed=engine.seeds,
+                                    offsets=engine.offsets, backend=engine.backend)
