@@ -14,10 +14,12 @@
 #     e2e       bench/e2e.py: TinyLlama-shaped aligned pair at 3 noise levels + the default pair, batch 1/4/16,
 #               greedy + sampling, gamma 4 (e2e.json/.md, e2e_speedup.png, e2e_tokens.png, rewritten after
 #               every pair so a cut-off run keeps what it measured; E2E_ARGS overrides)
+#     demo      specdec-kernels demo on the embedded default models (demo.txt, demo.json)
+#     ppd       bench/ppd_latency.py on the embedded default models (ppd_latency_cuda.json/.md)
 # build.log, build_info.json and summary.txt are written every time.
 set -uo pipefail
 out=${1:?usage: bash bench/gpu_checks.sh OUTDIR}
-stages=${STAGES:-test memcheck verify attn kv exit e2e}
+stages=${STAGES:-test memcheck verify attn kv exit e2e demo ppd}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 status=0
@@ -66,5 +68,11 @@ want exit && bench bench_early_exit_topk "${BENCH_TIMEOUT:-300}" python bench/be
 # shellcheck disable=SC2086
 want e2e && bench e2e "${BENCH_TIMEOUT:-560}" python bench/e2e.py \
   ${E2E_ARGS:---noise 0 0.1 0.5 --gammas 4 --max-new-tokens 96 --repeats 1 --method-timeout 120}
+if want demo; then
+  echo "== demo" | tee -a "$out/summary.txt"
+  timeout "${BENCH_TIMEOUT:-300}" specdec-kernels demo --json "$out/demo.json" >"$out/demo.txt" 2>>"$out/summary.txt" \
+    || { echo "demo failed" | tee -a "$out/summary.txt"; status=1; }
+fi
+want ppd && bench ppd_latency "${BENCH_TIMEOUT:-300}" python bench/ppd_latency.py --device cuda
 echo "== exit $status" | tee -a "$out/summary.txt"
 exit $status
