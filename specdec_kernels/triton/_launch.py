@@ -1,11 +1,34 @@
 """Host-side pieces every Triton launcher shares."""
 
 import contextlib
+import functools
 
 import torch
 
 from ..ops._outputs import chain_outputs, tree_outputs  # noqa: F401  (re-exported for the launchers)
 from ._philox import INT_SEED, ROW_SEEDS, UNIFORMS
+
+
+INTERPRETER_SMS = 4  # a stand-in SM count on the CPU, small enough that tests see several splits
+
+
+def plans_for_gpu(device: torch.device) -> bool:
+    """Whether launches for tensors on `device` are planned for a GPU (tile sizes, split counts,
+    dot modes); False: the Triton interpreter on the CPU. The one place launchers ask, so
+    tests/triton_compile_targets.py can plan GPU launches from CPU tensors and compile them."""
+    return device.type == "cuda"
+
+
+@functools.cache
+def _cuda_sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors the split counts fill (INTERPRETER_SMS off the GPU)."""
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def device_scope(device: torch.device):

@@ -37,8 +37,8 @@ import triton.language as tl
 
 from .. import reference
 from ..ops._backend import register
+from . import _launch
 from ._launch import device_scope
-from .tree_attention import _sms  # SM count (a stand-in under the interpreter)
 
 MAX_K = 16  # largest k the fused kernels run; larger k uses the materialised path
 BLOCK_B_MAX = 64  # rows per program: B <= 64 reads the weight once
@@ -190,7 +190,9 @@ def _tile_config(batch: int, dtype: torch.dtype, interpreting: bool) -> dict:
         return dict(BLOCK_B=block_b, BLOCK_V=64, BLOCK_H=64, num_warps=4, num_stages=1)
     if dtype == torch.float32:
         return dict(BLOCK_B=block_b, BLOCK_V=64, BLOCK_H=32, num_warps=4, num_stages=3)
-    return dict(BLOCK_B=block_b, BLOCK_V=128 if block_b <= 32 else 64, BLOCK_H=128, num_warps=4, num_stages=4)
+    # 8 warps: with 4 the per-tile top-k selection needs 250+ registers a thread and spills at B 64
+    # (compiled for sm_90, tests/test_triton_compile_targets.py); one block per SM either way (shared memory)
+    return dict(BLOCK_B=block_b, BLOCK_V=128 if block_b <= 32 else 64, BLOCK_H=128, num_warps=8, num_stages=4)
 
 
 def split_plan(vocab: int, block_v: int, b_blocks: int, device: torch.device,
@@ -198,7 +200,7 @@ def split_plan(vocab: int, block_v: int, b_blocks: int, device: torch.device,
     """(num_tiles, tiles_per_split, num_splits): contiguous runs of whole tiles, about
     PROGRAMS_PER_SM programs per SM over all B blocks, every split non-empty."""
     num_tiles = triton.cdiv(vocab, block_v)
-    wanted = num_splits or max(1, PROGRAMS_PER_SM * _sms(device) // b_blocks)
+    wanted = num_splits or max(1, PROGRAMS_PER_SM * _launch.sm_count(device) // b_blocks)
     tiles_per_split = triton.cdiv(num_tiles, min(wanted, num_tiles))
     return num_tiles, tiles_per_split, triton.cdiv(num_tiles, tiles_per_split)
 
@@ -220,7 +222,7 @@ def plan(hidden, norm_weight, lm_head_weight, k: int, *, eps: float, norm: str, 
     weight = lm_head_weight if lm_head_weight.stride(1) == 1 else lm_head_weight.contiguous()
     norm_weight = None if norm_weight is None else norm_weight.contiguous()
     norm_bias = None if norm_bias is None else norm_bias.contiguous()
-    interpreting = device.type != "cuda"
+    interpreting = not _launch.plans_for_gpu(device)
     cfg = _tile_config(batch, weight.dtype, interpreting)
     if block_v is not None:
         cfg["BLOCK_V"] = block_v

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from ..ops._backend import register
 from ..ops._kv_layout import cache_layout
+from . import _launch
 from ._launch import device_scope
 
 MAX_BLOCK_A = 1024  # accepted entries scanned per step of the metadata loop
@@ -148,7 +149,7 @@ def kv_compact(k_caches, v_caches, seq_lens, accepted_nodes):
         return new_lens
     _, heads, seq_cap, head_dim = k_caches[0].shape
     num_tensors = 2 * num_layers
-    target = TARGET_PROGRAMS if seq_lens.is_cuda else INTERPRETER_TARGET_PROGRAMS
+    target = TARGET_PROGRAMS if _launch.plans_for_gpu(seq_lens.device) else INTERPRETER_TARGET_PROGRAMS
     block_m, block_h, block_d, num_col_blocks = _plan(batch, num_tensors, heads, head_dim, m, target)
     elem = k_caches[0].element_size()
     with device_scope(seq_lens.device):  # a new table is uploaded on this device's current stream

@@ -36,12 +36,11 @@ dots run on the FMA units and spill registers); fp16/bf16 feed the tensor cores 
 accumulation and round the probabilities to the input dtype for the P @ V dot.
 
 `plan()` returns a call's launches without running them, so tests can also compile them
-for sm_80 / sm_90 on a machine without a GPU (tests/triton_target_compile.py): the 16-bit
+for sm_80 / sm_90 on a machine without a GPU (tests/triton_compile_targets.py): the 16-bit
 tiles compile without spills, with a cp.async-pipelined KV loop, and (128-row tiles on
 sm_90) warp-group MMAs. Tile sizes and the split count are not tuned on a GPU yet.
 """
 
-import functools
 import math
 
 import torch
@@ -49,6 +48,7 @@ import triton
 import triton.language as tl
 
 from ..ops._backend import register
+from . import _launch
 from ._launch import device_scope
 
 LOG2E = 1.4426950408889634
@@ -56,7 +56,6 @@ LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # lse is reported in natur
 MIN_TILES_PER_SPLIT = 4  # a split streams at least this many BLOCK_N tiles of prefix
 MAX_SPLITS = 64
 PROGRAMS_PER_SM = 2  # program slots per SM the split count fills (the 16-bit tiles compile to 1-2 resident per SM)
-INTERPRETER_SMS = 4  # a stand-in SM count on the CPU, small enough that tests see several splits
 MERGE_BLOCK_R = 16  # rows per program of the merge kernel
 
 
@@ -257,20 +256,11 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, out_ptr, lse_ptr, n_nodes, group, num
              (big_m + tl.log2(l_safe)) * LN2, mask=row_ok)
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return INTERPRETER_SMS
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def _tile_config(m_rows: int, head_dim: int, dtype: torch.dtype) -> dict:
-    """Tile sizes and launch options from static shapes. Checked by compiling for sm_90 /
-    sm_80 without spills (16-bit inputs, D <= 128); timing on a GPU is still owed."""
+    """Tile sizes and launch options from static shapes. Compiled for sm_90 and sm_80 in CI
+    (tests/test_triton_compile_targets.py): the 16-bit tiles do not spill on sm_90 (128-row tiles
+    on warp-group MMAs); on sm_80 (mma.sync) a 64-node tree spills ~300 bytes a thread, and
+    64-row tiles spill too. Timing on a GPU is still owed."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     if dtype == torch.float32:  # IEEE fp32 dots run on the FMA units: small tiles keep them in registers
         block_m = min(max(16, triton.next_power_of_2(m_rows)), 32)
@@ -287,7 +277,7 @@ def num_splits_for(programs: int, max_prefix: int, block_n: int, device: torch.d
     the GPU's program slots (PROGRAMS_PER_SM per SM) without starting a partial extra wave
     (splits are equal in work, so a wave of 1.2 slots' worth would cost two), each split at
     least MIN_TILES_PER_SPLIT tiles of the longest possible prefix."""
-    wanted = PROGRAMS_PER_SM * _sms(device) // max(programs, 1)
+    wanted = PROGRAMS_PER_SM * _launch.sm_count(device) // max(programs, 1)
     most = triton.cdiv(max(max_prefix, 1), MIN_TILES_PER_SPLIT * block_n)
     return max(1, min(wanted, most, MAX_SPLITS))
 
@@ -356,7 +346,7 @@ def plan(q, k_cache, v_cache, seq_lens, parents, block_table, *, sm_scale: float
                       DOUBLINGS=math.ceil(math.log2(n - 1)) if n > 2 else 1, PAGE_SIZE=page_size,
                       ONE_PAGE=page_size > 0 and page_size % cfg["BLOCK_N"] == 0,  # a prefix tile never spans pages
                       TREE=tree, DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                      UPCAST=q.dtype == torch.bfloat16 and q.device.type != "cuda", **cfg)
+                      UPCAST=q.dtype == torch.bfloat16 and not _launch.plans_for_gpu(q.device), **cfg)
     launches = [(_split_kernel, (m_blocks, num_splits, batch * hkv), split_args, split_meta)]
     if not direct:
         launches.append((_merge_kernel, (triton.cdiv(m_rows, MERGE_BLOCK_R), batch * hkv),
