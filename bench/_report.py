@@ -1,12 +1,24 @@
-"""Benchmark results as JSON + a markdown table, stamped with the run's device, date,
-library versions and command line (shared by the bench_*.py scripts)."""
+"""What the bench_*.py scripts share: their common command-line options, and results as JSON +
+a markdown table stamped with the run's device, date, library versions and command line."""
 
+import argparse
 import json
 import platform
 from datetime import date
 from pathlib import Path
 
 from specdec_kernels import build_info
+
+
+def base_parser(doc: str, *, default_dtype: str | None = "bfloat16") -> argparse.ArgumentParser:
+    """--out, --smoke, --dtype, --repeats and --batch, as every microbenchmark takes them."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes and few repeats (CPU-friendly)")
+    parser.add_argument("--dtype", default=default_dtype, choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--batch", nargs="+", type=int, default=None, help="override the B axis")
+    return parser
 
 
 def write_report(rows: list[dict], out: Path, stem: str, title: str, cols: list[str], command: str,

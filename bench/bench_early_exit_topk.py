@@ -17,7 +17,6 @@ speed-up over the baseline, and the fraction of ids equal to the float32 referen
     pytest bench/test_bench_early_exit_topk.py --benchmark-only         # the same cases, pytest-benchmark
 """
 
-import argparse
 import itertools
 import json
 import sys
@@ -31,7 +30,7 @@ from specdec_kernels import ops
 from specdec_kernels.reference.early_exit import normalize
 
 # bench/ is on sys.path (the script's folder, or pytest's rootdir insertion)
-from _report import write_report  # noqa: E402
+from _report import base_parser, write_report  # noqa: E402
 from bench_kv_compact import captured, nominal_bandwidth, time_calls  # noqa: E402
 
 FULL = {"B": (1, 8, 64), "H": (2048, 4096), "V": (32000, 128256)}
@@ -130,12 +129,7 @@ def add_speedups(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes and few repeats (CPU-friendly)")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--batch", nargs="+", type=int, default=None, help="override the B axis")
+    parser = base_parser(__doc__)
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(TIMED_BY_DEFAULT))
     parser.add_argument("--nominal-gbps", type=float, default=None, help="nominal HBM GB/s (default: by device name)")
     args = parser.parse_args(argv)

@@ -27,7 +27,6 @@ bandwidth and of the nominal HBM bandwidth, and whether the caches equal the ref
     pytest bench/test_bench_kv_compact.py --benchmark-only         # the same cases, pytest-benchmark
 """
 
-import argparse
 import itertools
 import json
 import statistics
@@ -41,7 +40,7 @@ import torch
 from specdec_kernels import ops
 
 # bench/ is on sys.path (the script's folder, or pytest's rootdir insertion)
-from _report import write_report  # noqa: E402
+from _report import base_parser, write_report  # noqa: E402
 from bench_verify import copy_bandwidth  # noqa: E402
 
 FULL = {"B": (1, 8, 32), "N": (8, 64), "layers": 32, "heads": 8, "dim": 128, "prefix": 1024}
@@ -274,12 +273,7 @@ def write_results(rows: list[dict], out: Path, command: str, copy_bw: float | No
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes and few repeats (CPU-friendly)")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--batch", nargs="+", type=int, default=None, help="override the B axis")
+    parser = base_parser(__doc__)
     parser.add_argument("--nodes", nargs="+", type=int, default=None, help="override the N axis")
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))

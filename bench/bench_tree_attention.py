@@ -42,7 +42,6 @@ if __name__ == "__main__" and not torch.cuda.is_available():
     # before triton (imported by specdec_kernels) is
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import argparse  # noqa: E402
 import functools  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
@@ -54,7 +53,7 @@ from pathlib import Path  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import bench_verify as bv  # noqa: E402  (copy bandwidth, CUDA-graph capture, CPU timing)
-from _report import write_report  # noqa: E402  (bench/ is on sys.path: script dir or pytest rootdir)
+from _report import base_parser, write_report  # noqa: E402  (bench/ is on sys.path: script dir or pytest rootdir)
 from specdec_kernels import ops, reference  # noqa: E402
 from specdec_kernels.reference.attention import paged_from_contiguous  # noqa: E402
 
@@ -344,13 +343,7 @@ def write_results(rows: list[dict], out: Path, command: str, copy_bw: float | No
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes, few repeats (CPU-friendly)")
-    parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
-                        help="default bfloat16 (float32 in smoke runs)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed calls per case on the CPU (default 1)")
-    parser.add_argument("--batch", nargs="+", type=int, default=None)
+    parser = base_parser(__doc__, default_dtype=None)  # bfloat16, float32 in smoke runs; --repeats: CPU calls
     parser.add_argument("--prefix", nargs="+", type=int, default=None)
     parser.add_argument("--nodes", nargs="+", type=int, default=None)
     parser.add_argument("--prefix-kinds", nargs="+", choices=PREFIXES, default=list(PREFIXES))

@@ -20,7 +20,6 @@ p and q, what a kernel that streams every row reads).
     pytest bench/ --benchmark-only                             # the same cases as a pytest-benchmark suite
 """
 
-import argparse
 import itertools
 import json
 import statistics
@@ -33,7 +32,7 @@ import torch
 
 from specdec_kernels import ops
 
-from _report import write_report  # noqa: E402  (bench/ is on sys.path: script dir or pytest rootdir)
+from _report import base_parser, write_report  # noqa: E402  (bench/ is on sys.path: script dir or pytest rootdir)
 
 FULL = {"B": (1, 8, 64, 256), "g": (1, 4, 8), "V": (32000, 128256, 151936)}
 SMOKE = {"B": (1, 3), "g": (1, 4), "V": (50,)}
@@ -294,13 +293,8 @@ def write_results(rows: list[dict], out: Path, command: str, bandwidth: float | 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes and few repeats (CPU-friendly)")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("--repeats", type=int, default=None)
+    parser = base_parser(__doc__)
     parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
-    parser.add_argument("--batch", nargs="+", type=int, default=None, help="override the B axis")
     parser.add_argument("--vocab", nargs="+", type=int, default=None, help="override the V axis")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

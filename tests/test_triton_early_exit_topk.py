@@ -11,6 +11,7 @@ import torch
 from early_exit_support import assert_topk_matches, random_inputs, reference_logits, tie_inputs
 
 from specdec_kernels import ops
+from specdec_kernels.ops.early_exit import FUSED_MAX_K
 from specdec_kernels.reference import early_exit_topk as reference_topk
 from specdec_kernels.triton import early_exit_topk as triton_module
 
@@ -107,10 +108,10 @@ def test_inf_hidden_without_norm():
 
 def test_k_equals_v_and_k_over_max_k():
     hidden, nw, weight, _ = random_inputs(2, 24, 13, torch.float32, seed=7)
-    got = run(hidden, nw, weight, 13, block_v=16)  # k = V <= MAX_K: the fused kernels
+    got = run(hidden, nw, weight, 13, block_v=16)  # k = V <= FUSED_MAX_K: the fused kernels
     assert_topk_matches(got, hidden, nw, weight, 13, min_exact=0.8)
     hidden, nw, weight, _ = random_inputs(2, 24, 40, torch.float32, seed=8)
-    k = triton_module.MAX_K + 4  # the materialised fallback
+    k = FUSED_MAX_K + 4  # the op takes the materialised path
     got = ops.early_exit_topk(hidden, nw, weight, k, backend="triton")
     assert_topk_matches(got, hidden, nw, weight, k, min_exact=0.8)
 

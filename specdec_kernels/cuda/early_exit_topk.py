@@ -1,22 +1,17 @@
 """CUDA backend of `early_exit_topk` (csrc/early_exit_topk.cu): two launches per call, no
 host sync, the candidate workspace from the per-stream zeroed cache (handed back zeroed).
-k > 16 runs the materialised reference path on the same device."""
+k <= ops.early_exit.FUSED_MAX_K (the op runs larger k on the torch path)."""
 
 import torch
 
-from .. import reference
 from ..ops._backend import register
 from .._workspace import zeroed_workspace
 from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle
 
-MAX_K = 16  # csrc/early_exit_math.cuh kMaxK
 NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
 
 
 def early_exit_topk(hidden, norm_weight, lm_head_weight, k: int, *, eps: float, norm: str, norm_bias=None):
-    if k > MAX_K:
-        return reference.early_exit_topk(hidden, norm_weight, lm_head_weight, k, eps=eps, norm=norm,
-                                         norm_bias=norm_bias)
     lib = library()
     batch, hidden_size = hidden.shape
     vocab = lm_head_weight.shape[0]

@@ -10,6 +10,7 @@ from . import _validate as check
 from ._backend import implementation, register, resolve
 
 NORMS = ("rms", "layer", "none")
+FUSED_MAX_K = 16  # the largest k the fused GPU kernels keep in registers (csrc/early_exit_math.cuh kMaxK)
 
 
 @torch.library.custom_op("specdec::early_exit_topk", mutates_args=())
@@ -37,7 +38,7 @@ def early_exit_topk(hidden: Tensor, norm_weight: Tensor | None, lm_head_weight: 
         hidden: [B, H] float16/bfloat16/float32 hidden states at the exit layer.
         norm_weight: [H] or None; norm_bias: [H] or None (layer norm only).
         lm_head_weight: [V, H], hidden's dtype.
-        k: int, 1 <= k <= V.
+        k: int, 1 <= k <= V; k > FUSED_MAX_K (16) runs the materialised torch path on any backend.
         eps: norm epsilon.
 
     Returns:
@@ -60,8 +61,10 @@ def early_exit_topk(hidden: Tensor, norm_weight: Tensor | None, lm_head_weight: 
     if k > lm_head_weight.shape[0]:
         check.fail(op, f"`k`={k} exceeds the vocabulary size V={lm_head_weight.shape[0]}")
     eps = check.real_number(op, "eps", eps, minimum=0.0)
-    return _early_exit_topk_op(hidden, norm_weight, norm_bias, lm_head_weight, k, eps, norm,
-                               resolve(op, backend, hidden.device))
+    chosen = resolve(op, backend, hidden.device)
+    if k > FUSED_MAX_K:  # beyond the kernels' register budget: the materialised path, on the same device
+        chosen = "torch"
+    return _early_exit_topk_op(hidden, norm_weight, norm_bias, lm_head_weight, k, eps, norm, chosen)
 
 
 register("early_exit_topk", "torch", reference.early_exit_topk)

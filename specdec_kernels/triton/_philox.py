@@ -64,3 +64,25 @@ def philox_uniform(seed, position, row_key, salt, extra):
     x0, x1, _x2, _x3 = philox4x32(c0, c1, c2, c3, k0, k1)
     bits53 = (x0 >> 5).to(tl.int64) * 67108864 + (x1 >> 6).to(tl.int64)  # 27 + 26 bits, 2^26 = 67108864
     return bits53.to(tl.float64) * 1.1102230246251565e-16  # 2^-53, exact scaling
+
+
+@triton.jit
+def row_stream(seeds_ptr, offsets_ptr, b, seed, stride_s, stride_o, RANDOM: tl.constexpr,
+               HAS_OFFSETS: tl.constexpr):
+    """(seed, row key, offset) int64 scalars of batch row b's Philox stream: an int seed keys rows
+    by batch index; per-request seeds (ROW_SEEDS) use row key 0; caller uniforms use none of them
+    (zeros). offset is offsets[b] when given, else 0."""
+    if RANDOM == INT_SEED:
+        seed_b = tl.full((), 0, tl.int64) + seed.to(tl.int64)
+        row_key = b.to(tl.int64)
+    elif RANDOM == ROW_SEEDS:
+        seed_b = tl.load(seeds_ptr + b * stride_s).to(tl.int64)
+        row_key = tl.full((), 0, tl.int64)
+    else:
+        seed_b = tl.full((), 0, tl.int64)
+        row_key = tl.full((), 0, tl.int64)
+    if HAS_OFFSETS:
+        offset = tl.load(offsets_ptr + b * stride_o).to(tl.int64)
+    else:
+        offset = tl.full((), 0, tl.int64)
+    return seed_b, row_key, offset

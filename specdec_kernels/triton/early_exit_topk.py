@@ -24,8 +24,8 @@ the normalised hidden state split into hi + lo halves of the weight dtype (two t
 dots, fp32 accumulation): about 16 significant bits of the hidden state, the weights
 exact. With float16 weights the normalised hidden state must lie in float16 range (its
 hi half would overflow past 65504). float32 weights use tf32x3 dots on a GPU and IEEE fp32
-dots under the interpreter. k <= MAX_K (16) runs fused; larger k falls back to the
-materialised reference path (logits [B, V] in float32, then a stable sort).
+dots under the interpreter. k <= ops.early_exit.FUSED_MAX_K (16); the op runs larger k on
+the materialised torch path (logits [B, V] in float32, then a stable sort).
 
 Everything is sized from static shapes: no host sync, no data-dependent allocation
 (CUDA-graph capturable). Tile sizes and the split count are not tuned on a GPU yet.
@@ -35,12 +35,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import reference
 from ..ops._backend import register
+from ..ops.early_exit import FUSED_MAX_K
 from . import _launch
 from ._launch import device_scope
 
-MAX_K = 16  # largest k the fused kernels run; larger k uses the materialised path
 BLOCK_B_MAX = 64  # rows per program: B <= 64 reads the weight once
 PROGRAMS_PER_SM = 2  # splits fill about this many programs per SM
 NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
@@ -207,10 +206,13 @@ def split_plan(vocab: int, block_v: int, b_blocks: int, device: torch.device,
 
 def plan(hidden, norm_weight, lm_head_weight, k: int, *, eps: float, norm: str, norm_bias=None,
          num_splits: int | None = None, block_v: int | None = None, block_h: int | None = None):
-    """(values, indices, launches) for k <= MAX_K: outputs and workspace allocated, and each
+    """(values, indices, launches) for k <= FUSED_MAX_K: outputs and workspace allocated, and each
     launch as (kernel, grid, positional args, keyword meta-parameters). Launching them in
     order computes the op. num_splits / block_v / block_h override the static choices
     (tests force many splits and partial tiles at small shapes)."""
+    if k > FUSED_MAX_K:
+        raise ValueError(f"early_exit_topk: the fused kernels take k <= {FUSED_MAX_K} (got {k}); "
+                         "ops.early_exit_topk runs larger k on the torch path")
     batch, hidden_size = hidden.shape
     vocab = lm_head_weight.shape[0]
     device = hidden.device
@@ -249,11 +251,7 @@ def plan(hidden, norm_weight, lm_head_weight, k: int, *, eps: float, norm: str, 
 
 def early_exit_topk(hidden, norm_weight, lm_head_weight, k: int, *, eps: float, norm: str, norm_bias=None,
                     **overrides):
-    """Triton `early_exit_topk` on validated inputs (see specdec_kernels.ops.early_exit_topk).
-    k > MAX_K runs the materialised reference path on the same device."""
-    if k > MAX_K:
-        return reference.early_exit_topk(hidden, norm_weight, lm_head_weight, k, eps=eps, norm=norm,
-                                         norm_bias=norm_bias)
+    """Triton `early_exit_topk` on validated inputs (see specdec_kernels.ops.early_exit_topk), k <= FUSED_MAX_K."""
     values, indices, launches = plan(hidden, norm_weight, lm_head_weight, k, eps=eps, norm=norm, norm_bias=norm_bias,
                                      **overrides)
     with device_scope(hidden.device):

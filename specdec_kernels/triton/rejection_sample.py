@@ -36,7 +36,7 @@ from .._workspace import zeroed_counters
 from ..ops._backend import register
 from ._fixed_point import count_at_or_below, draw_threshold, to_weights
 from ._launch import chain_outputs, device_scope, randomness_mode
-from ._philox import INT_SEED, ROW_SEEDS, SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform
+from ._philox import SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform, row_stream
 from ._tickets import last_ticket, reset_ticket
 
 BLOCK_V = 1024  # vocabulary elements per tile (power of two)
@@ -109,22 +109,10 @@ def _rejection_sample_kernel(
     p_tok = p_tok.to(tl.float32).to(tl.float64)
     q_tok = q_tok.to(tl.float32).to(tl.float64)
 
+    seed_b, row_key, offset = row_stream(seeds_ptr, offsets_ptr, b, seed, stride_s, stride_o, RANDOM, HAS_OFFSETS)
     if RANDOM == UNIFORMS:
         coins = tl.load(uniforms_ptr + b * stride_ub + j * stride_up, mask=slot, other=1.0).to(tl.float64)
-        seed_b = tl.full((), 0, tl.int64)  # unused
-        row_key = tl.full((), 0, tl.int64)
-        offset = tl.full((), 0, tl.int64)
     else:
-        if RANDOM == INT_SEED:
-            seed_b = tl.full((), 0, tl.int64) + seed.to(tl.int64)
-            row_key = b  # an int seed keys rows by batch index
-        else:
-            seed_b = tl.load(seeds_ptr + b * stride_s).to(tl.int64)
-            row_key = tl.full((), 0, tl.int64)  # per-request seeds: row key 0
-        if HAS_OFFSETS:
-            offset = tl.load(offsets_ptr + b * stride_o).to(tl.int64)
-        else:
-            offset = tl.full((), 0, tl.int64)
         coins = philox_uniform(seed_b, offset + j, row_key, SALT_ACCEPT, 0)
 
     # u * q < p without dividing: q == 0 < p accepts, p == 0 and NaN never do

@@ -57,7 +57,7 @@ from .._workspace import zeroed_counters
 from ..ops._backend import register
 from ._fixed_point import count_at_or_below, draw_threshold, to_weights
 from ._launch import device_scope, randomness_mode, tree_outputs
-from ._philox import INT_SEED, ROW_SEEDS, SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform
+from ._philox import SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform, row_stream
 from ._tickets import last_ticket, reset_ticket
 from .logit_verify import MAX_SPLITS, TILES_PER_PROGRAM, _chunk_stats, _merge_argmax, _split_plan
 
@@ -287,19 +287,7 @@ def _tree_rejection_kernel(
     tok = tl.load(tok_ptr + b * stride_kb + lanes * stride_kn, mask=in_tree, other=-1).to(tl.int64)
     scratch_row = scratch_ptr + b * vocab
 
-    if RANDOM == INT_SEED:
-        seed_b = tl.full((), 0, tl.int64) + seed.to(tl.int64)
-        row_key = b  # an int seed keys rows by batch index
-    elif RANDOM == ROW_SEEDS:
-        seed_b = tl.load(seeds_ptr + b * stride_s).to(tl.int64)
-        row_key = tl.full((), 0, tl.int64)  # per-request seeds: row key 0
-    else:
-        seed_b = tl.full((), 0, tl.int64)  # unused
-        row_key = tl.full((), 0, tl.int64)
-    if HAS_OFFSETS:
-        offset = tl.load(offsets_ptr + b * stride_o).to(tl.int64)
-    else:
-        offset = tl.full((), 0, tl.int64)
+    seed_b, row_key, offset = row_stream(seeds_ptr, offsets_ptr, b, seed, stride_s, stride_o, RANDOM, HAS_OFFSETS)
 
     out_vec = tl.full((BLOCK_N,), -1, tl.int64)
     nodes_vec = tl.where(lanes == 0, 0, out_vec)
