@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specdec_kernels import ops, reference
+from specdec_kernels.reference import attention as reference_attention
 from specdec_kernels.reference.attention import paged_from_contiguous, row_kv
 
 import oracles
@@ -239,10 +240,20 @@ def test_chain_shaped_tree_reproduces_chain_ops():
     assert torch.equal(greedy_tree[0], greedy_chain[0]) and torch.equal(greedy_tree[1], greedy_chain[1])
 
 
+@pytest.fixture(params=["flash_cpu", "einsum"])
+def attention_path(request, monkeypatch):
+    """The reference's two CPU paths: torch's fused CPU kernel, and the einsum path other devices take."""
+    if request.param == "einsum":
+        monkeypatch.setattr(reference_attention, "_FLASH_CPU", None)
+    elif reference_attention._FLASH_CPU is None:
+        pytest.skip("this torch has no _scaled_dot_product_flash_attention_for_cpu")
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("use_tree", [False, True])
 @pytest.mark.parametrize("page_size", [None, 1, 5], ids=["contiguous", "paged1", "paged5"])
-def test_tree_attention_matches_per_node_loop(dtype, use_tree, page_size):
+def test_tree_attention_matches_per_node_loop(dtype, use_tree, page_size, attention_path):
     gen = torch.Generator().manual_seed(1)
     batch, n, hq, hkv, d, s_max = 3, 6, 4, 2, 8, 24
     q = torch.randn(batch, n, hq, d, generator=gen).to(dtype)
