@@ -60,6 +60,19 @@ def test_always_falling_back_is_the_large_model(pair):
     assert out.stats.drafted_tokens == 0 and out.stats.extra["fallback_rate"] == 1.0
 
 
+def test_eager_rounds_stop_once_every_row_has_handed_over(pair):
+    """Always falling back: one small-model forward per round (not max_small_run), same output."""
+    _, target, draft, ids, mask, pad = pair
+    forwards = []  # the small model's LM-head calls: one per small-model step
+    hook = draft.get_output_embeddings().register_forward_hook(lambda *args: forwards.append(1))
+    try:
+        out = bild(pair, fallback_threshold=1.0, rollback_threshold=0.5, max_small_run=6)
+    finally:
+        hook.remove()
+    assert torch.equal(out.sequences, greedy(target, ids, mask, pad))
+    assert len(forwards) <= out.stats.steps + 1  # one per round (+ the prefill), not max_small_run = 6
+
+
 def test_never_handing_off_is_the_small_model(pair):
     _, _, draft, ids, mask, pad = pair
     out = bild(pair, fallback_threshold=0.0, rollback_threshold=NEVER, max_small_run=NEW, verify_small_eos=False)

@@ -7,8 +7,9 @@ or it has produced `max_small_run` tokens (10, as in the paper's App. 7.1.2 and 
 the large model (target) then scores every unverified token in ONE forward and rolls back from the
 first token with -log p_large > `rollback_threshold` (ops.bild_verify, ragged rows through
 num_draft_tokens), replacing it with the large model's token; without a rollback it appends its own
-next token. The small model always runs max_small_run forwards per round (static shapes for CUDA
-graphs); a row's tokens after its fallback are ignored.
+next token. Under CUDA graphs the small model runs max_small_run forwards every round (static
+shapes); a row's tokens after its fallback are ignored. Eagerly (the CPU, or cuda_graphs=False) the
+round stops at the forward after which no row is still running (one host read per small step).
 
 mode="paper" (default), Algorithm 1: the small model starts; after every large pass, rollback or
 not, control returns to the small model.
@@ -91,6 +92,8 @@ class BildDecoder(TwoModelStrategy):
             if self.verify_small_eos:
                 running = running & ~torch.isin(token, engine.eos_ids)
             tokens.append(token)
+            if not engine.graphs.enabled and not bool(running.any()):
+                break  # every row has handed over: more small-model tokens would all be ignored
             feed = token.unsqueeze(1)
         forced = count == self.max_small_run
         return Proposal(torch.stack(tokens, dim=1), None, count, torch.stack([fell_back, forced], dim=1))
