@@ -1,5 +1,10 @@
-"""The `specdec-kernels` command. `specdec-kernels info` prints build_info() as JSON; `specdec-kernels demo`
-runs every strategy on the embedded default models (see specdec_kernels/demo.py)."""
+"""The `specdec-kernels` command:
+
+  info      build_info() as JSON: what was built, which backends `auto` picks here
+  demo      every strategy on one model pair, checked against greedy and timed (specdec_kernels/demo.py)
+  generate  your prompts with one strategy: text and statistics (specdec_kernels/generate_command.py)
+  bench     a benchmark script of a source checkout (specdec_kernels/bench_command.py)
+"""
 
 import argparse
 import json
@@ -7,21 +12,25 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specdec-kernels", description=__doc__)
+    from . import bench_command, demo, generate_command
+
+    parser = argparse.ArgumentParser(prog="specdec-kernels", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="print what was built and which backends `auto` picks on this machine")
-    from . import demo
-
-    demo.add_arguments(sub.add_parser("demo", help="decode with every strategy, check against greedy, print a table",
-                                      description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    commands = {"demo": (demo, "decode with every strategy, check against greedy, print a table"),
+                "generate": (generate_command, "decode prompts with one strategy, print text and statistics"),
+                "bench": (bench_command, "run a benchmark script of a source checkout")}
+    for name, (module, summary) in commands.items():
+        module.add_arguments(sub.add_parser(name, help=summary, description=module.__doc__,
+                                            formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        return demo.run(args)
-    if args.command == "info":
-        from . import build_info
+    if args.command in commands:
+        return commands[args.command][0].run(args)
+    from . import build_info
 
-        json.dump(build_info(), sys.stdout, indent=2)
-        print()
+    json.dump(build_info(), sys.stdout, indent=2)
+    print()
     return 0
 
 

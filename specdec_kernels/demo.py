@@ -63,25 +63,24 @@ class Pair:
     source: str = ""
 
 
-def _existing(option: str, path) -> Path:
-    path = Path(path)
-    if not path.is_dir():
-        fail(f"{option} {path}: no such folder")
-    return path
-
-
-def load_pair(args, device: torch.device, dtype: torch.dtype) -> Pair:
+def load_pair(args, device: torch.device, dtype: torch.dtype, *, draft_required: bool = True,
+              fail=fail) -> Pair:
+    """The models of `args` (--models, or --target [--draft] [--specdec-drafter], else the embedded
+    set) with each strategy's lossless options; without --draft (draft_required=False) the
+    strategies that need one are skipped. `fail` reports a bad argument (the calling command's)."""
     from .defaults import DEFAULT_MODELS_DIR, default_models_available, load_default_models
 
     if args.target or args.draft:
         if args.models:
             fail("pass either --models or --target/--draft, not both")
-        if not (args.target and args.draft):
+        if not args.target or (draft_required and not args.draft):
             fail("--target and --draft go together (a model and a smaller one sharing its tokenizer)")
-        return _user_pair(args, device, dtype)
+        return _user_pair(args, device, dtype, fail)
     if args.specdec_drafter:
         fail("--specdec-drafter goes with --target/--draft (a --models set has its own drafter)")
-    root = _existing("--models", args.models) if args.models else DEFAULT_MODELS_DIR
+    if args.models and not Path(args.models).is_dir():
+        fail(f"--models {args.models}: no such folder")
+    root = Path(args.models) if args.models else DEFAULT_MODELS_DIR
     if not args.models and not default_models_available(root):
         fail(f"the embedded default models are not in this install ({root}); pass --models PATH "
              "or --target PATH --draft PATH")
@@ -101,28 +100,36 @@ def load_pair(args, device: torch.device, dtype: torch.dtype) -> Pair:
     return Pair(models.tokenizer, models.target, options, source=str(root))
 
 
-def _user_pair(args, device, dtype) -> Pair:
+def _user_pair(args, device, dtype, fail=fail) -> Pair:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target_path, draft_path = _existing("--target", args.target), _existing("--draft", args.draft)
+    def folder(option, path):
+        if not Path(path).is_dir():
+            fail(f"{option} {path}: no such folder")
+        return Path(path)
 
     def causal_lm(path):
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
 
+    target_path = folder("--target", args.target)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
-    target, draft = causal_lm(target_path), causal_lm(draft_path)
-    options = {"plain": {}, "speculative": dict(draft_model=draft, num_draft_tokens=4),
-               "bild": dict(draft_model=draft, rollback_rule="exact"),
-               "ppd": dict(k=3, head="N")}
-    skipped = {}
+    target = causal_lm(target_path)
+    options, skipped = {"plain": {}, "ppd": dict(k=3, head="N")}, {}
+    if args.draft:
+        draft = causal_lm(folder("--draft", args.draft))
+        options.update(speculative=dict(draft_model=draft, num_draft_tokens=4),
+                       bild=dict(draft_model=draft, rollback_rule="exact"))
+    else:
+        skipped.update(dict.fromkeys(("speculative", "bild"), "needs a draft model (--draft PATH)"))
     if args.specdec_drafter:
         from .models import SpecDecDrafter
 
-        drafter = SpecDecDrafter.from_pretrained(_existing("--specdec-drafter", args.specdec_drafter), dtype=dtype)
+        drafter = SpecDecDrafter.from_pretrained(folder("--specdec-drafter", args.specdec_drafter), dtype=dtype)
         options["specdec"] = dict(drafter=drafter.to(device).eval(), top_beta=1, tau=0.0)
     else:
         skipped["specdec"] = "needs a trained SpecDec drafter (--specdec-drafter PATH; see train_specdec_drafter)"
-    return Pair(tokenizer, target, options, skipped, source=f"{target_path} + {draft_path}")
+    source = f"{target_path} + {args.draft}" if args.draft else str(target_path)
+    return Pair(tokenizer, target, options, skipped, source=source)
 
 
 def batches(tokenizer, prompts, batch_size: int, device) -> list[dict]:

@@ -1,0 +1,125 @@
+"""`specdec-kernels generate`: decode your prompts with one strategy and print the text and its statistics.
+
+With no model arguments it uses the embedded default models (specdec_kernels.defaults); `--models PATH`
+takes another set in that layout; `--target PATH` a local HF causal LM, with `--draft PATH` for
+speculative and bild and `--specdec-drafter PATH` for specdec (plain and ppd with head "N" need neither).
+Each strategy starts from its lossless settings (speculative g=4, specdec top_beta=1, bild
+rollback_rule="exact", ppd k=3); `--option NAME=VALUE` (repeatable) overrides any keyword of the
+strategy, e.g. `--option num_draft_tokens=6` or `--option rollback_rule='"nll"'` (values are Python
+literals; a bare word is a string). `--check` also runs the target's own greedy `generate` and says
+whether the tokens are identical. Prompts come from `--prompt` (repeatable; decoded as one left-padded
+batch) or, without it, from standard input.
+
+    specdec-kernels generate --prompt "def fibonacci(n):" --strategy speculative --check
+    echo "import os" | specdec-kernels generate --strategy ppd --max-new-tokens 48 --json out.json
+"""
+
+import argparse
+import ast
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .demo import STRATEGIES, batches, describe, load_pair, timed
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    models = parser.add_argument_group("models (default: the embedded default set)")
+    models.add_argument("--models", metavar="PATH", help="a folder in the defaults layout")
+    models.add_argument("--target", metavar="PATH", help="a local HF causal LM")
+    models.add_argument("--draft", metavar="PATH", help="a smaller local HF causal LM sharing the target's tokenizer")
+    models.add_argument("--specdec-drafter", metavar="PATH", help="a SpecDecDrafter trained for --target")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="speculative")
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                        help="a keyword of the strategy (repeatable), VALUE a Python literal")
+    parser.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeatable; default: stdin)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    sampling = parser.add_argument_group("sampling (default: greedy)")
+    sampling.add_argument("--do-sample", action="store_true")
+    sampling.add_argument("--temperature", type=float, default=1.0)
+    sampling.add_argument("--top-k", type=int, default=None)
+    sampling.add_argument("--top-p", type=float, default=None)
+    sampling.add_argument("--seed", type=int, default=None, help="reproducible sampling (per-row Philox streams)")
+    parser.add_argument("--check", action="store_true", help="compare with the target's greedy generate()")
+    parser.add_argument("--device", help="cuda, cuda:1, cpu, ... (default: cuda if available, else cpu)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument("--json", metavar="FILE", help="also write prompts, completions and statistics as JSON")
+
+
+def fail(message: str) -> "NoReturn":  # noqa: F821
+    raise SystemExit(f"specdec-kernels generate: {message}")
+
+
+def parse_options(items: list[str]) -> dict:
+    """["num_draft_tokens=6", "mode=official"] -> {"num_draft_tokens": 6, "mode": "official"}."""
+    options = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.isidentifier():
+            fail(f"--option {item!r}: expected NAME=VALUE, e.g. num_draft_tokens=6")
+        try:
+            options[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            options[name] = text  # a bare word: a string
+    return options
+
+
+def run(args) -> int:
+    if args.max_new_tokens < 1:
+        fail("--max-new-tokens must be at least 1")
+    if args.check and args.do_sample:
+        fail("--check compares with greedy decoding; drop --do-sample")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        fail(f"--device {args.device}: CUDA is not available here")
+    prompts = args.prompt or ([sys.stdin.read()] if not sys.stdin.isatty() else [])
+    if not prompts or not all(p.strip() for p in prompts):
+        fail("give a non-empty --prompt TEXT (repeatable) or pipe the prompt into standard input")
+    pair = load_pair(args, device, getattr(torch, args.dtype), draft_required=False, fail=fail)
+    if args.strategy in pair.skipped:
+        fail(f"strategy {args.strategy} {pair.skipped[args.strategy]}")
+    options = {**pair.options[args.strategy], **parse_options(args.option)}
+    batch = batches(pair.tokenizer, list(prompts), len(prompts), device)[0]
+    pad = pair.tokenizer.pad_token_id
+
+    import specdec_kernels
+
+    try:
+        out, seconds = timed(lambda: specdec_kernels.generate(
+            pair.target, batch["input_ids"], attention_mask=batch["attention_mask"], strategy=args.strategy,
+            max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
+            top_k=args.top_k, top_p=args.top_p, seed=args.seed, pad_token_id=pad, **options), device)
+    except (TypeError, ValueError) as error:  # a bad --option: the strategy's own message
+        fail(str(error))
+    width = batch["input_ids"].shape[1]
+    new = out.sequences[:, width:]
+    completions = [pair.tokenizer.decode(row[row != pad] if pad is not None else row, skip_special_tokens=True)
+                   for row in new]
+    stats = out.stats
+    plain = (int, float, str, bool, type(None))  # models and heads are named by their class
+    report = {"strategy": args.strategy,
+              "options": {k: v if isinstance(v, plain) else type(v).__name__ for k, v in options.items()},
+              "tokens": stats.emitted_tokens, "seconds": round(seconds, 4),
+              "tokens_per_s": round(stats.emitted_tokens / seconds, 1) if seconds > 0 else None,
+              "mean_accepted_tokens": round(stats.mean_accepted_tokens, 3),
+              "acceptance_rate": round(stats.acceptance_rate, 3) if stats.drafted_tokens else None,
+              "target_forwards": stats.target_forwards, **stats.extra}
+    if args.check:
+        reference = pair.target.generate(**batch, max_new_tokens=args.max_new_tokens, do_sample=False,
+                                         pad_token_id=pad)
+        report["identical_to_target_generate"] = bool(torch.equal(reference[:, width:], new[:, :reference.shape[1] - width])
+                                                      and reference.shape == out.sequences.shape)
+    print(f"device: {describe(device)}, {args.dtype}; models: {pair.source}", file=sys.stderr)
+    for prompt, completion in zip(prompts, completions):
+        print(prompt + completion)
+        print("-" * 40)
+    print(" ".join(f"{key}={value}" for key, value in report.items() if key != "options"))
+    if args.json:
+        meta = {"device": describe(device), "dtype": args.dtype, "models": pair.source, "torch": torch.__version__,
+                "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(["specdec-kernels", *sys.argv[1:]])}
+        Path(args.json).write_text(json.dumps({"meta": meta, "prompts": list(prompts), "completions": completions,
+                                               "stats": report}, indent=2))
+    return 0 if report.get("identical_to_target_generate", True) else 1
