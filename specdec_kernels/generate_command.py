@@ -110,8 +110,8 @@ def run(args) -> int:
     if args.check:
         reference = pair.target.generate(**batch, max_new_tokens=args.max_new_tokens, do_sample=False,
                                          pad_token_id=pad)
-        report["identical_to_target_generate"] = bool(torch.equal(reference[:, width:], new[:, :reference.shape[1] - width])
-                                                      and reference.shape == out.sequences.shape)
+        report["identical_to_target_generate"] = (reference.shape == out.sequences.shape
+                                                  and bool(torch.equal(reference, out.sequences)))
     print(f"device: {describe(device)}, {args.dtype}; models: {pair.source}", file=sys.stderr)
     for prompt, completion in zip(prompts, completions):
         print(prompt + completion)

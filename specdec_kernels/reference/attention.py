@@ -120,16 +120,16 @@ _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 
 def _rows_attention_flash_cpu(q, keys, values, exists, visible, scale):
     """_rows_attention on the CPU through _FLASH_CPU, in float32 (its 16-bit path scales q in the
-    input dtype, off by ~1e-4 in the lse): lse in natural log, out in q's dtype."""
+    input dtype, off by ~1e-4 in the lse): lse in natural log, out in q's dtype. GQA folds the G
+    query heads of a KV head into its query rows ([R, Hkv, G*N, D]), so K/V are not repeated."""
     rows, n, hq, d = q.shape
     hkv, span = keys.shape[1], keys.shape[2]
     group = hq // hkv
-
-    def per_query_head(cache):  # unowned slots zeroed (0-probability * NaN would leak), KV heads repeated
-        cache = cache.float()[:, :, None].expand(rows, hkv, group, span, d)
-        return torch.where(exists[:, None, None, :, None], cache, 0.0).reshape(rows, hq, span, d)
-
-    bias = torch.zeros(rows, 1, n, span).masked_fill_(~visible[:, None], float("-inf"))
-    out, lse = _FLASH_CPU(q.float().transpose(1, 2), per_query_head(keys), per_query_head(values), 0.0, False,
-                          attn_mask=bias, scale=scale)[:2]
-    return out.transpose(1, 2).to(q.dtype), lse.transpose(1, 2)
+    grouped_q = q.float().view(rows, n, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(rows, hkv, group * n, d)
+    owned = exists[:, None, :, None]  # unowned slots zeroed: 0-probability * NaN would leak
+    keys, values = (torch.where(owned, cache.float(), 0.0) for cache in (keys, values))
+    bias = torch.zeros(rows, group, n, span).masked_fill_(~visible[:, None], float("-inf"))
+    out, lse = _FLASH_CPU(grouped_q, keys, values, 0.0, False, attn_mask=bias.view(rows, 1, group * n, span),
+                          scale=scale)[:2]
+    out = out.view(rows, hkv, group, n, d).permute(0, 3, 1, 2, 4).reshape(rows, n, hq, d)
+    return out.to(q.dtype), lse.view(rows, hkv, group, n).permute(0, 3, 1, 2).reshape(rows, n, hq)
