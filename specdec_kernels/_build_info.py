@@ -2,7 +2,7 @@
 
 import torch
 
-from . import _cuda_module
+from .common import cuda_module as _cuda_module
 from ._version import __version__
 
 

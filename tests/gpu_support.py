@@ -4,7 +4,7 @@ None) and the marks that make the file skip cleanly without CUDA or without a bu
 import pytest
 import torch
 
-from specdec_kernels import _cuda_module
+from specdec_kernels.common import cuda_module as _cuda_module
 
 _C = _cuda_module.load()  # None when not built or not importable: skip, never error at collection
 

@@ -224,7 +224,7 @@ def test_unvalidated_bad_uniforms_still_draw_inside_the_row(op, bad_u):
     """On a GPU the ops cannot inspect caller uniforms without a sync, so a 1.0 (a float64
     near 1 rounded to float32), a value above 1 or a NaN reaches the kernels. Called past
     the validation here, every backend must still emit ids in [0, V) and agree."""
-    from specdec_kernels.ops._backend import implementation
+    from specdec_kernels.common.registry import implementation
 
     vocab, gen = 24, torch.Generator().manual_seed(5)
     p = torch.softmax(torch.randn(2, 2, vocab, generator=gen), -1)

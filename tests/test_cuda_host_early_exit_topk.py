@@ -7,7 +7,7 @@ The GEMV itself is checked on a GPU (tests/test_gpu_early_exit_topk.py)."""
 import pytest
 import torch
 
-from specdec_kernels import _cuda_module
+from specdec_kernels.common import cuda_module as _cuda_module
 
 _C = _cuda_module.load()
 pytestmark = pytest.mark.skipif(_C is None or not hasattr(_C, "host_early_exit_select"),

@@ -4,7 +4,7 @@ for the host, against the torch specification: runs in CPU-only CI whenever _C i
 import pytest
 import torch
 
-from specdec_kernels import _cuda_module
+from specdec_kernels.common import cuda_module as _cuda_module
 from specdec_kernels.reference import _sampling, rng
 
 _C = _cuda_module.load()

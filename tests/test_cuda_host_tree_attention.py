@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from specdec_kernels import _cuda_module, reference
+from specdec_kernels import reference
+from specdec_kernels.common import cuda_module as _cuda_module
 from specdec_kernels.reference.tree import ancestor_mask
 from test_gpu_tree_verify import random_parents
 

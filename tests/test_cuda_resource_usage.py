@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from specdec_kernels import _cuda_module
+from specdec_kernels.common import cuda_module as _cuda_module
 
 _C = _cuda_module.load()
 pytestmark = pytest.mark.skipif(_C is None, reason="specdec_kernels._C is not built here")

@@ -17,7 +17,7 @@ from gpu_support import CUDA_KERNEL_MARKS, _C  # noqa: E402
 pytestmark = CUDA_KERNEL_MARKS
 
 from specdec_kernels import ops  # noqa: E402
-from specdec_kernels.ops import _kv_layout  # noqa: E402
+from specdec_kernels.common import kv_layout as _kv_layout  # noqa: E402
 
 BACKENDS = ["cuda", "triton"]
 

@@ -11,7 +11,7 @@ import torch
 from early_exit_support import assert_topk_matches, random_inputs, reference_logits, tie_inputs
 
 from specdec_kernels import ops
-from specdec_kernels.ops.early_exit import FUSED_MAX_K
+from specdec_kernels.common.limits import FUSED_MAX_K
 from specdec_kernels.reference import early_exit_topk as reference_topk
 from specdec_kernels.triton import early_exit_topk as triton_module
 

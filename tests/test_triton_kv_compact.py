@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from specdec_kernels import ops
-from specdec_kernels.ops import _kv_layout
+from specdec_kernels.common import kv_layout as _kv_layout
 from specdec_kernels.triton import kv_compact as triton_module
 
 ROOT = Path(__file__).resolve().parents[1]

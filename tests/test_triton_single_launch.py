@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl  # noqa: F401  (a jit'd function must see triton.language)
 
-from specdec_kernels import _workspace, ops, reference
+from specdec_kernels import ops, reference
+from specdec_kernels.common import workspace as _workspace
 from specdec_kernels.triton import logit_verify, rejection_sample, rejection_sample_logits, tree_verify
 
 pytestmark = [

@@ -244,7 +244,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from specdec_kernels import ops
-    from specdec_kernels.ops import _backend
+    from specdec_kernels.common import registry as _backend
     from specdec_kernels.triton import _launch
     _backend.triton_interpreting = lambda: True  # let CPU tensors through to the triton backend
     _launch.plans_for_gpu = lambda device: True

@@ -1,5 +1,5 @@
 """CUDA backends of the ops (the compiled `specdec_kernels._C`); importing this package
-registers them with `ops._backend`. Registration needs no GPU: `ops._backend.resolve`
+registers them with `common.registry`. Registration needs no GPU: `ops._backend.resolve`
 only picks a `cuda` backend when `_C` loads and the tensors are on a CUDA device.
 """
 

@@ -1,11 +1,11 @@
 """Host-side pieces every CUDA launcher shares: raw pointers, dtype codes, the stream.
-The zeroed per-stream workspaces live in `specdec_kernels._workspace` (shared with triton/)."""
+The zeroed per-stream workspaces live in `specdec_kernels.common.workspace` (shared with triton/)."""
 
 import torch
 
-from .. import _cuda_module
-from .._workspace import _zeroed_workspaces  # noqa: F401  (the GPU tests inspect the buffers through here)
-from ..ops._outputs import chain_outputs, tree_outputs  # noqa: F401  (re-exported for the launchers)
+from ..common import cuda_module as _cuda_module
+from ..common.workspace import _zeroed_workspaces  # noqa: F401  (the GPU tests inspect the buffers through here)
+from ..common.outputs import chain_outputs, tree_outputs  # noqa: F401  (re-exported for the launchers)
 
 # dtype codes shared with csrc/common.cuh
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

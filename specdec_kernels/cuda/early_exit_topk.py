@@ -1,11 +1,11 @@
 """CUDA backend of `early_exit_topk` (csrc/early_exit_topk.cu): two launches per call, no
 host sync, the candidate workspace from the per-stream zeroed cache (handed back zeroed).
-k <= ops.early_exit.FUSED_MAX_K (the op runs larger k on the torch path)."""
+k <= common.limits.FUSED_MAX_K (the op runs larger k on the torch path)."""
 
 import torch
 
-from ..ops._backend import register
-from .._workspace import zeroed_workspace
+from ..common.registry import register
+from ..common.workspace import zeroed_workspace
 from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle
 
 NORM_CODES = {"none": 0, "rms": 1, "layer": 2}

@@ -1,7 +1,7 @@
 """CUDA backend of `greedy_verify` (csrc/greedy_verify.cu): one launch per call."""
 
-from ..ops._backend import register
-from .._workspace import zeroed_workspace
+from ..common.registry import register
+from ..common.workspace import zeroed_workspace
 from ._launch import DTYPE_CODES, chain_outputs, on_device, library, pointer, stream_handle
 
 

@@ -1,11 +1,11 @@
 """CUDA backend of `kv_compact` (csrc/kv_compact.cu): every layer's K and V in one
-kernel launch, in place, no host sync; cache addresses from ops._kv_layout (fast path:
+kernel launch, in place, no host sync; cache addresses from common.kv_layout (fast path:
 base pointers and layer steps; else a cached device table)."""
 
 import torch
 
-from ..ops._backend import register
-from ..ops._kv_layout import cache_layout
+from ..common.registry import register
+from ..common.kv_layout import cache_layout
 from ._launch import library, on_device, pointer, stream_handle
 
 

@@ -6,8 +6,8 @@ import struct
 
 import torch
 
-from ..ops._backend import register
-from .._workspace import zeroed_workspace
+from ..common.registry import register
+from ..common.workspace import zeroed_workspace
 from ._launch import DTYPE_CODES, chain_outputs, library, on_device, pointer, stream_handle
 
 

@@ -9,8 +9,8 @@ first two dims, last dim contiguous).
 import torch
 
 from .. import reference
-from ..ops._backend import register
-from .._workspace import zeroed_workspace
+from ..common.registry import register
+from ..common.workspace import zeroed_workspace
 from ._launch import DTYPE_CODES, chain_outputs, library, on_device, pointer, stream_handle
 
 

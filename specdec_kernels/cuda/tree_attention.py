@@ -10,8 +10,8 @@ buffer sized by the static shapes only.
 
 import torch
 
-from ..ops._backend import register
-from .._workspace import zeroed_workspace
+from ..common.registry import register
+from ..common.workspace import zeroed_workspace
 from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle
 
 

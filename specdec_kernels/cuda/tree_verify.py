@@ -3,8 +3,8 @@ one kernel launch per call, no host sync, buffers sized by (B, N, V) only."""
 
 import torch
 
-from ..ops._backend import register
-from .._workspace import zeroed_workspace
+from ..common.registry import register
+from ..common.workspace import zeroed_workspace
 from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle, tree_outputs
 
 

@@ -8,7 +8,7 @@ never imports transformers: frameworks can use the kernels with torch alone.
 
 from .. import cuda as _cuda_backends  # noqa: F401  (registers the CUDA backends)
 from .. import triton as _triton_backends  # noqa: F401  (registers the Triton backends)
-from ._backend import BACKENDS, implemented_backends, registered_ops, resolve
+from ..common.registry import BACKENDS, implemented_backends, registered_ops, resolve
 from .attention import tree_attention
 from .chain_verify import (bild_verify, fallback_check, greedy_verify, max_prob, rejection_sample,
                            rejection_sample_logits, relaxed_verify)

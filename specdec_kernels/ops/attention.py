@@ -8,7 +8,7 @@ from torch import Tensor
 
 from .. import reference
 from . import _validate as check
-from ._backend import implementation, register, resolve
+from ..common.registry import implementation, register, resolve
 
 HALF_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 PAGE_ID_DTYPES = (torch.int32, torch.int64)

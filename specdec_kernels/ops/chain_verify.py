@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .. import reference
 from . import _validate as check
-from ._backend import implementation, register, resolve
+from ..common.registry import implementation, register, resolve
 
 
 def _chain_fake(draft_tokens: Tensor) -> tuple[Tensor, Tensor]:

@@ -7,10 +7,10 @@ from torch import Tensor
 
 from .. import reference
 from . import _validate as check
-from ._backend import implementation, register, resolve
+from ..common.limits import FUSED_MAX_K
+from ..common.registry import implementation, register, resolve
 
 NORMS = ("rms", "layer", "none")
-FUSED_MAX_K = 16  # the largest k the fused GPU kernels keep in registers (csrc/early_exit_math.cuh kMaxK)
 
 
 @torch.library.custom_op("specdec::early_exit_topk", mutates_args=())

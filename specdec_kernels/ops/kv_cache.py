@@ -5,7 +5,7 @@ from torch import Tensor
 
 from .. import reference
 from . import _validate as check
-from ._backend import implementation, register, resolve
+from ..common.registry import implementation, register, resolve
 
 LENGTH_DTYPES = (torch.int64, torch.int32)
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .. import reference
 from . import _validate as check
-from ._backend import implementation, register, resolve
+from ..common.registry import implementation, register, resolve
 
 
 def _tree_fake(tree_tokens: Tensor, max_depth: int):

@@ -1,4 +1,4 @@
-"""Triton backends of the ops; importing this package registers them with `ops._backend`.
+"""Triton backends of the ops; importing this package registers them with `common.registry`.
 
 Inside this package `import triton` is an absolute import and means the triton package
 itself, not this subpackage. Without triton installed nothing is registered and the

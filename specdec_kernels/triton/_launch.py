@@ -5,7 +5,7 @@ import functools
 
 import torch
 
-from ..ops._outputs import chain_outputs, tree_outputs  # noqa: F401  (re-exported for the launchers)
+from ..common.outputs import chain_outputs, tree_outputs  # noqa: F401  (re-exported for the launchers)
 from ._philox import INT_SEED, ROW_SEEDS, UNIFORMS
 
 

@@ -1,7 +1,7 @@
 """Per-row tickets: how the split-V Triton kernels merge a row in the same launch.
 
 Every program that owns a chunk of a row stores its partial results, then takes a ticket
-from the row's int32 counter (in the per-stream zeroed workspace, `_workspace`). The
+from the row's int32 counter (in the per-stream zeroed workspace, `common.workspace`). The
 program that draws the row's last ticket knows that every partial of the row is stored;
 it merges them, finishes the row, and stores 0 back into the counter, so the workspace is
 zeroed again for the next call or CUDA-graph replay. No second launch, no host sync.

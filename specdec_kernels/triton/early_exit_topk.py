@@ -24,7 +24,7 @@ the normalised hidden state split into hi + lo halves of the weight dtype (two t
 dots, fp32 accumulation): about 16 significant bits of the hidden state, the weights
 exact. With float16 weights the normalised hidden state must lie in float16 range (its
 hi half would overflow past 65504). float32 weights use tf32x3 dots on a GPU and IEEE fp32
-dots under the interpreter. k <= ops.early_exit.FUSED_MAX_K (16); the op runs larger k on
+dots under the interpreter. k <= common.limits.FUSED_MAX_K (16); the op runs larger k on
 the materialised torch path (logits [B, V] in float32, then a stable sort).
 
 Everything is sized from static shapes: no host sync, no data-dependent allocation
@@ -35,8 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..ops._backend import register
-from ..ops.early_exit import FUSED_MAX_K
+from ..common.registry import register
+from ..common.limits import FUSED_MAX_K
 from . import _launch
 from ._launch import device_scope
 

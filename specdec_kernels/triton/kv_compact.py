@@ -15,7 +15,7 @@ entry that moves.
 
 Grid (B x column blocks, 2L): program (b, c; t) copies rows of tensor t (K layers, then V
 layers) of batch row b, for BLOCK_H heads x BLOCK_D head-dim elements (column block c). Tensor addresses
-come from ops._kv_layout: two base pointers and per-kind layer steps (fast path), or a
+come from common.kv_layout: two base pointers and per-kind layer steps (fast path), or a
 device table of (address, strides) per tensor. The programs with t == 0 and c == 0 also
 write the new lengths seq_lens + #valid entries. With no layers the grid is (B, 1) and
 only the lengths are written. No host sync, no allocation besides the output.
@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..ops._backend import register
-from ..ops._kv_layout import cache_layout
+from ..common.registry import register
+from ..common.kv_layout import cache_layout
 from . import _launch
 from ._launch import device_scope
 

@@ -37,8 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._workspace import zeroed_counters
-from ..ops._backend import register
+from ..common.workspace import zeroed_counters
+from ..common.registry import register
 from ._launch import chain_outputs, device_scope
 from ._tickets import last_ticket, reset_ticket
 

@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._workspace import zeroed_counters
-from ..ops._backend import register
+from ..common.workspace import zeroed_counters
+from ..common.registry import register
 from ._fixed_point import count_at_or_below, draw_threshold, to_weights
 from ._launch import chain_outputs, device_scope, randomness_mode
 from ._philox import SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform, row_stream

@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..ops._backend import register
+from ..common.registry import register
 from . import _launch
 from ._launch import device_scope
 

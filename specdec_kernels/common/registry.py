@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from .. import _cuda_module
+from . import cuda_module as _cuda_module
 
 BACKENDS = ("torch", "triton", "cuda")
 _IMPLS: dict[str, dict[str, object]] = {}
