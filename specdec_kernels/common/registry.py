@@ -1,4 +1,11 @@
-"""Backend registry and selection: `auto` picks cuda, else triton on a GPU, else torch."""
+"""Backend registry and selection: `auto` picks cuda, else triton on a GPU, else torch.
+
+A backend may register `limits`: a function of the call's sizes (a dict of named ints and
+the dtype, built by the op: B, G, V, N, H, D, ...) that returns None when its kernels can
+serve the call, else a one-line reason. `auto` skips a backend that cannot serve a shape
+(so a shape past a kernel's launch limits runs on the next backend, never into a launch
+error); an explicit backend that cannot serve it raises that reason.
+"""
 
 import functools
 import os
@@ -9,11 +16,23 @@ from . import cuda_module as _cuda_module
 
 BACKENDS = ("torch", "triton", "cuda")
 _IMPLS: dict[str, dict[str, object]] = {}
+_LIMITS: dict[tuple[str, str], object] = {}
 
 
-def register(op: str, backend: str, fn) -> None:
+def register(op: str, backend: str, fn, *, limits=None) -> None:
+    """Register `fn` as `backend`'s implementation of `op`; `limits(sizes) -> str | None`."""
     assert backend in BACKENDS, backend
     _IMPLS.setdefault(op, {})[backend] = fn
+    if limits is not None:
+        _LIMITS[(op, backend)] = limits
+
+
+def refusal(op: str, backend: str, sizes: dict | None) -> str | None:
+    """Why `backend` cannot serve a call of `op` with these sizes, or None when it can."""
+    limits = _LIMITS.get((op, backend))
+    if limits is None or sizes is None:
+        return None
+    return limits(sizes)
 
 
 def implementation(op: str, backend: str):
@@ -41,19 +60,23 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def resolve(op: str, backend: str, device: torch.device, *, runs_as: str | None = None) -> str:
+def resolve(op: str, backend: str, device: torch.device, *, runs_as: str | None = None,
+            sizes: dict | None = None) -> str:
     """The concrete backend that runs `op` on tensors of `device`, or a clear error.
 
     runs_as: the registered op whose kernels do the work, when `op` is a composition.
+    sizes: the call's sizes, checked against each backend's registered limits.
     """
     if backend not in ("auto", *BACKENDS):
         raise ValueError(f"{op}: backend must be one of 'auto', 'torch', 'triton', 'cuda' (got {backend!r})")
-    available = implemented_backends(runs_as or op)
+    kernel_op = runs_as or op
+    available = implemented_backends(kernel_op)
     on_gpu = device.type == "cuda"
     if backend == "auto":
-        if on_gpu and "cuda" in available and _cuda_module.load() is not None:
+        if (on_gpu and "cuda" in available and _cuda_module.load() is not None
+                and refusal(kernel_op, "cuda", sizes) is None):
             return "cuda"
-        if on_gpu and "triton" in available and triton_importable():
+        if on_gpu and "triton" in available and triton_importable() and refusal(kernel_op, "triton", sizes) is None:
             return "triton"
         return "torch"
     if backend not in available:
@@ -69,4 +92,8 @@ def resolve(op: str, backend: str, device: torch.device, *, runs_as: str | None 
             raise RuntimeError(f"{op}: backend='triton' needs the triton package")
         if not on_gpu and not triton_interpreting():
             raise ValueError(f"{op}: backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 for CPU tensors")
+    reason = refusal(kernel_op, backend, sizes)
+    if reason is not None:
+        raise ValueError(f"{op}: the {backend!r} backend cannot serve this call: {reason}; use backend='auto' "
+                         f"(it picks a backend that can) or another backend")
     return backend

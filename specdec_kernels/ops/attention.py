@@ -93,7 +93,8 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_lens: Tensor
         check.tree_parents(op, parents)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else check.real_number(op, "sm_scale", sm_scale)
     return _tree_attention_op(q, k_cache, v_cache, seq_lens, parents, block_table, scale,
-                              resolve(op, backend, q.device))
+                              resolve(op, backend, q.device, sizes=dict(B=batch, N=n, Hq=hq, Hkv=hkv, D=d, capacity=capacity,
+                                                              paged=block_table is not None, dtype=q.dtype)))
 
 
 def _check_paged(op: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor) -> tuple[int, str, int]:

@@ -16,6 +16,12 @@ from . import _validate as check
 from ..common.registry import implementation, register, resolve
 
 
+def _chain_sizes(scores: Tensor) -> dict:
+    """The sizes the backends' launch limits are checked against: scores are [B, g+1, V]."""
+    batch, g1, vocab = scores.shape
+    return dict(B=batch, G=g1 - 1, V=vocab, dtype=scores.dtype)
+
+
 def _chain_fake(draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
     batch, g = draft_tokens.shape
     return draft_tokens.new_empty(batch, g + 1), draft_tokens.new_empty(batch)
@@ -93,7 +99,7 @@ def rejection_sample(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Te
                     uniforms, seed, offsets)
     seed_int, seeds = check.split_seed(seed)
     return _rejection_sample_op(target_probs, draft_probs, draft_tokens, uniforms, seed_int, seeds, offsets,
-                                num_draft_tokens, resolve(op, backend, draft_tokens.device))
+                                num_draft_tokens, resolve(op, backend, draft_tokens.device, sizes=_chain_sizes(target_probs)))
 
 
 @torch.library.custom_op("specdec::rejection_sample_logits", mutates_args=())
@@ -147,7 +153,7 @@ def rejection_sample_logits(target_logits: Tensor, draft_logits: Tensor, draft_t
     seed_int, seeds = check.split_seed(seed)
     return _rejection_sample_logits_op(target_logits, draft_logits, draft_tokens, float(temperature), temperatures,
                                        uniforms, seed_int, seeds, offsets, num_draft_tokens,
-                                       resolve(op, backend, draft_tokens.device))
+                                       resolve(op, backend, draft_tokens.device, sizes=_chain_sizes(target_logits)))
 
 
 # ---------------------------------------------------------------- greedy_verify
@@ -182,7 +188,7 @@ def greedy_verify(target_logits: Tensor, draft_tokens: Tensor, *, num_draft_toke
     """
     _check_chain("greedy_verify", target_logits, "target_logits", draft_tokens, num_draft_tokens)
     return _greedy_verify_op(target_logits, draft_tokens, num_draft_tokens,
-                             resolve("greedy_verify", backend, draft_tokens.device))
+                             resolve("greedy_verify", backend, draft_tokens.device, sizes=_chain_sizes(target_logits)))
 
 
 # ---------------------------------------------------------------- relaxed_verify (SpecDec)
@@ -224,7 +230,7 @@ def relaxed_verify(target_logits: Tensor, draft_tokens: Tensor, *, top_beta: int
     top_beta = check.positive_int(op, "top_beta", top_beta)
     tau = check.real_number(op, "tau", tau, minimum=0.0)
     return _relaxed_verify_op(target_logits, draft_tokens, top_beta, tau, num_draft_tokens,
-                              resolve(op, backend, draft_tokens.device))
+                              resolve(op, backend, draft_tokens.device, sizes=_chain_sizes(target_logits)))
 
 
 # ---------------------------------------------------------------- bild_verify, fallback_check, max_prob (BiLD)
@@ -263,7 +269,7 @@ def bild_verify(target_logits: Tensor, draft_tokens: Tensor, *, rollback_thresho
     _check_chain(op, target_logits, "target_logits", draft_tokens, num_draft_tokens)
     rollback_threshold = check.real_number(op, "rollback_threshold", rollback_threshold, minimum=0.0)
     return _bild_verify_op(target_logits, draft_tokens, rollback_threshold, num_draft_tokens,
-                           resolve(op, backend, draft_tokens.device))
+                           resolve(op, backend, draft_tokens.device, sizes=_chain_sizes(target_logits)))
 
 
 @torch.library.custom_op("specdec::max_prob", mutates_args=())
@@ -282,7 +288,9 @@ def _checked_max_prob(op: str, name: str, logits: Tensor, backend: str) -> Tenso
     if logits.dim() == 0 or logits.shape[-1] == 0:
         check.fail(op, f"`{name}` must have a non-empty last (vocabulary) dimension (got shape {list(logits.shape)})")
     check.tensor(op, name, logits, shape=(*["..."] * (logits.dim() - 1), "V"), dtypes=check.FLOAT_DTYPES)
-    return _max_prob_op(logits, resolve(op, backend, logits.device, runs_as="max_prob"))
+    return _max_prob_op(logits, resolve(op, backend, logits.device, runs_as="max_prob",
+                                                 sizes=dict(R=logits.numel() // logits.shape[-1], V=logits.shape[-1],
+                                                            dtype=logits.dtype)))
 
 
 def max_prob(logits: Tensor, *, backend: str = "auto") -> Tensor:

@@ -61,7 +61,8 @@ def early_exit_topk(hidden: Tensor, norm_weight: Tensor | None, lm_head_weight: 
     if k > lm_head_weight.shape[0]:
         check.fail(op, f"`k`={k} exceeds the vocabulary size V={lm_head_weight.shape[0]}")
     eps = check.real_number(op, "eps", eps, minimum=0.0)
-    chosen = resolve(op, backend, hidden.device)
+    chosen = resolve(op, backend, hidden.device, sizes=dict(B=hidden.shape[0], H=hidden_size, V=lm_head_weight.shape[0],
+                                                              k=k, dtype=hidden.dtype))
     if k > FUSED_MAX_K:  # beyond the kernels' register budget: the materialised path, on the same device
         chosen = "torch"
     return _early_exit_topk_op(hidden, norm_weight, norm_bias, lm_head_weight, k, eps, norm, chosen)

@@ -39,7 +39,7 @@ def kv_rollback(seq_lens: Tensor, num_accepted: Tensor, *, backend: str = "auto"
                  device=seq_lens.device, last_dim_contiguous=False)
     if check.can_inspect(num_accepted) and num_accepted.numel() and int(num_accepted.min()) < 0:
         check.fail(op, "`num_accepted` must be >= 0")
-    return _kv_rollback_op(seq_lens, num_accepted, resolve(op, backend, seq_lens.device))
+    return _kv_rollback_op(seq_lens, num_accepted, resolve(op, backend, seq_lens.device, sizes=dict(B=seq_lens.shape[0])))
 
 
 @torch.library.custom_op("specdec::kv_compact", mutates_args=("k_caches", "v_caches"))
@@ -109,7 +109,10 @@ def kv_compact(k_caches: list[Tensor], v_caches: list[Tensor], seq_lens: Tensor,
             check.fail(op, "`accepted_nodes` rows must be increasing node indices followed by -1 padding")
         if first is not None and int((seq_lens.to(torch.int64) + accepted_nodes.max(dim=1).values).max()) >= first.shape[2]:
             check.fail(op, f"`seq_lens + accepted_nodes` reaches past S_max={first.shape[2]}")
-    return _kv_compact_op(list(k_caches), list(v_caches), seq_lens, accepted_nodes, resolve(op, backend, seq_lens.device))
+    sizes = dict(B=batch, M=accepted_nodes.shape[1], L=len(k_caches), dtype=None if first is None else first.dtype,
+                 **({} if first is None else dict(Hkv=first.shape[1], S_max=first.shape[2], D=first.shape[3])))
+    return _kv_compact_op(list(k_caches), list(v_caches), seq_lens, accepted_nodes,
+                          resolve(op, backend, seq_lens.device, sizes=sizes))
 
 
 register("kv_rollback", "torch", reference.kv_rollback)

@@ -72,8 +72,10 @@ def tree_greedy_verify(target_logits: Tensor, tree_tokens: Tensor, parents: Tens
         output_tokens [B, D+1], num_accepted [B], accepted_nodes [B, D+1] (int64).
     """
     op = "tree_greedy_verify"
-    _, _, _, max_depth = _check_tree(op, target_logits, "target_logits", tree_tokens, parents, max_depth)
-    return _tree_greedy_verify_op(target_logits, tree_tokens, parents, max_depth, resolve(op, backend, tree_tokens.device))
+    batch, n, vocab, max_depth = _check_tree(op, target_logits, "target_logits", tree_tokens, parents, max_depth)
+    sizes = dict(B=batch, N=n, V=vocab, depth=max_depth, dtype=target_logits.dtype)
+    return _tree_greedy_verify_op(target_logits, tree_tokens, parents, max_depth,
+                                  resolve(op, backend, tree_tokens.device, sizes=sizes))
 
 
 @torch.library.custom_op("specdec::tree_rejection_sample", mutates_args=())
@@ -127,7 +129,8 @@ def tree_rejection_sample(target_probs: Tensor, draft_probs: Tensor, tree_tokens
     check.randomness(op, uniforms, seed, offsets, shape=(batch, n), batch=batch, device=device)
     seed_int, seeds = check.split_seed(seed)
     return _tree_rejection_sample_op(target_probs, draft_probs, tree_tokens, parents, max_depth, uniforms, seed_int,
-                                     seeds, offsets, resolve(op, backend, device))
+                                     seeds, offsets, resolve(op, backend, device, sizes=dict(B=batch, N=n, V=vocab, depth=max_depth,
+                                                                                     dtype=target_probs.dtype)))
 
 
 register("tree_greedy_verify", "torch", reference.tree_greedy_verify)
