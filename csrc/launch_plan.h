@@ -102,8 +102,9 @@ constexpr int kTreeAttentionStaticSmem = 128;
 constexpr int kKvCompactStaticSmem = 8 * kKvCompactMaxThreads + 8;
 // early_exit_split_kernel: u64 kept[warps][rows per CTA][max k].
 constexpr int kEarlyExitSplitStaticSmem = 8 * kEarlyExitWarps * kEarlyExitRowsPerCta * kEarlyExitMaxK;
-// early_exit_merge_kernel: u64 scratch[8], u64 winner.
-constexpr int kEarlyExitMergeStaticSmem = 8 * (kEarlyExitMergeThreads / 32) + 8;
+// early_exit_merge_kernel: u64 scratch[8], u64 winner: 72 B, laid out in 80 (cuobjdump;
+// the compiler pads one of the two to 16-byte alignment).
+constexpr int kEarlyExitMergeStaticSmem = 80;
 
 // ---------------------------------------------------------------------------
 // Plans. dtype: 0 float32, 1 float16, 2 bfloat16. Arguments outside what the op

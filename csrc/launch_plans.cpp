@@ -110,6 +110,7 @@ Plan plan_split_v(const char* kernel, int64_t B, int64_t per_row, int64_t V, int
                   const DeviceLimits& lim) {
   Plan plan;
   if (const std::string why = vocab_refusal(V); !why.empty()) return refused(why);
+  if (per_row > lim.grid_yz) return refused(std::string(kernel) + ": " + std::to_string(per_row) + " rows per batch row > 65535 (grid y)");
   if (B == 0) return plan;  // nothing to launch
   const SplitPlan s = chain_splits(B * per_row, V, lim.sms);
   plan.values = {{"splits", s.splits}, {"chunk", s.chunk}};
@@ -240,16 +241,16 @@ Plan plan_early_exit_topk(int64_t B, int64_t H, int64_t V, int64_t k, const Devi
   require(B >= 0 && H >= 1 && V >= 1, op, "need B >= 0, H >= 1 and V >= 1");
   require(k >= 1 && k <= kEarlyExitMaxK && k <= V, op, "k must be in [1, min(16, V)] (larger k: the torch path)");
   if (V >= kInt32Max) return refused("V >= 2^31 - 1");
-  Plan plan;
-  if (B == 0) return plan;
   // The CTA's normalised rows live in dynamic shared memory next to the static kept
   // sets: as many rows (<= 8) as the device's opt-in maximum holds.
   const int64_t row_bytes = H * static_cast<int64_t>(sizeof(float));
   const int64_t room = lim.smem_per_block_optin - kEarlyExitSplitStaticSmem;
-  const int64_t rows = std::min<int64_t>({B, kEarlyExitRowsPerCta, room / row_bytes});
-  if (rows < 1) {
+  if (room < row_bytes) {
     return refused("H = " + std::to_string(H) + ": one normalised row does not fit in shared memory");
   }
+  Plan plan;
+  if (B == 0) return plan;
+  const int64_t rows = std::min<int64_t>({B, kEarlyExitRowsPerCta, room / row_bytes});
   const int64_t dynamic = rows * row_bytes;
   const int64_t per_cta = kEarlyExitSplitStaticSmem + dynamic + lim.reserved_smem_per_block;
   int ctas = ctas_per_sm_hint;

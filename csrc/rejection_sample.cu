@@ -51,9 +51,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// Chunk starts are multiples of 8 elements (16 B of fp16/bf16, 32 B of fp32): a 16-byte
-// aligned row keeps every chunk (and every vector slot in it) 16-byte aligned.
-constexpr int64_t kChunkAlign = 8;
 // Each weight is <= 2^40, so a row total stays below 2^63 for V < 2^23.
 constexpr int64_t kMaxVocab = int64_t{1} << 23;
 static_assert(kThreads == plans::kRejectionThreads && kMaxVocab == plans::kRejectionMaxVocab,

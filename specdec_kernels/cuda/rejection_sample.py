@@ -11,7 +11,7 @@ import torch
 from .. import reference
 from ..common.registry import register
 from ..common.workspace import zeroed_workspace
-from ._launch import DTYPE_CODES, chain_outputs, library, on_device, pointer, stream_handle
+from ._launch import DTYPE_CODES, chain_outputs, library, on_device, plan_limits, pointer, stream_handle
 
 
 MAX_LOGITS_DRAFTS = 2047  # csrc/rejection_sample.cu: kMaxLogitsDrafts
@@ -59,7 +59,8 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, *, uniforms=None, 
     return out_tokens, num_accepted
 
 
-register("rejection_sample", "cuda", rejection_sample)
+register("rejection_sample", "cuda", rejection_sample,
+         limits=plan_limits("rejection_sample", lambda s: dict(B=s["B"], G=s["G"], V=s["V"])))
 
 
 def rejection_sample_logits(target_logits, draft_logits, draft_tokens, *, temperature=1.0, uniforms=None, seed=None,
@@ -99,4 +100,5 @@ def rejection_sample_logits(target_logits, draft_logits, draft_tokens, *, temper
     return out_tokens, num_accepted
 
 
-register("rejection_sample_logits", "cuda", rejection_sample_logits)
+register("rejection_sample_logits", "cuda", rejection_sample_logits,
+         limits=plan_limits("rejection_sample_logits", lambda s: dict(B=s["B"], G=s["G"], V=s["V"])))
