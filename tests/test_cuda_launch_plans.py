@@ -10,6 +10,7 @@ Regression guards of issue 16: finding 1 (tree_attention fp16/bf16 D = 64: 48 Ki
 in the opt-in, and H > 6976 refused at B >= 7) and finding 7 (verify kernels with B in grid
 y/z: B > 65535 failed)."""
 
+import functools
 import os
 import re
 import subprocess
@@ -342,3 +343,73 @@ def test_every_cuda_backend_has_limits():
 
     cuda_ops = {op for op in registry.registered_ops() if "cuda" in registry.implemented_backends(op)}
     assert cuda_ops == {op for op, backend in registry._LIMITS if backend == "cuda"}
+
+
+# ---------------------------------------------------------------------------------- on a GPU
+# The plans above are what the launchers launch; these run the shapes of findings 1, 2 and 7
+# through the kernels (skipped without CUDA).
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_device_limits_are_the_devices():
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    lim = _C.device_launch_limits()
+    assert lim["sms"] == props.multi_processor_count
+    assert lim["smem_per_block"] == NO_OPT_IN
+    if lim["arch"] in ARCHS:
+        assert lim["smem_per_block_optin"] == OPT_IN_MAX[lim["arch"]]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tree_attention_d64_runs(dtype):
+    from specdec_kernels import ops
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    B, N, Hq, Hkv, D, S = 2, 8, 8, 2, 64, 256
+    q = torch.randn(B, N, Hq, D, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype, generator=gen)
+    seq_lens = torch.tensor([100, 7], device="cuda")
+    out, lse = ops.tree_attention(q, k, v, seq_lens, backend="cuda")
+    want_out, want_lse = ops.tree_attention(q, k, v, seq_lens, backend="torch")
+    torch.testing.assert_close(out.float(), want_out.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("B, H", [(3, 4096), (4, 3072), (8, 1536), (7, 8192), (8, 16384)])
+def test_early_exit_topk_shapes_of_finding_2_run(B, H):
+    from specdec_kernels import ops
+
+    gen = torch.Generator(device="cuda").manual_seed(B * H)
+    hidden = torch.randn(B, H, device="cuda", generator=gen)
+    weight = torch.randn(H, device="cuda", generator=gen)
+    lm_head = torch.randn(4096, H, device="cuda", generator=gen) / H**0.5
+    values, ids = ops.early_exit_topk(hidden, weight, lm_head, 8, backend="cuda")
+    want_values, want_ids = ops.early_exit_topk(hidden, weight, lm_head, 8, backend="torch")
+    torch.testing.assert_close(values, want_values, rtol=1e-4, atol=1e-4)
+    assert (ids == want_ids).float().mean() > 0.99  # near-ties may swap under another summation order
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_verifies_take_more_than_65535_rows():
+    from specdec_kernels import ops
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    B, G, V = 70000, 2, 64
+    logits = torch.randn(B, G + 1, V, device="cuda", generator=gen)
+    draft = torch.randint(0, V, (B, G), device="cuda", generator=gen)
+    draft[::3] = logits[::3, :G].argmax(-1)  # some rows accept
+    relaxed = functools.partial(ops.relaxed_verify, top_beta=2, tau=0.5)
+    for op in (ops.greedy_verify, relaxed):
+        got = op(logits, draft, backend="cuda")
+        want = op(logits, draft, backend="torch")
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), op
+    parents = torch.arange(-1, G, device="cuda").expand(B, G + 1).contiguous()
+    tokens = torch.cat([torch.zeros(B, 1, dtype=torch.int64, device="cuda"), draft], 1)
+    got = ops.tree_greedy_verify(logits, tokens, parents, backend="cuda")
+    want = ops.tree_greedy_verify(logits, tokens, parents, backend="torch")
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
