@@ -4,7 +4,7 @@
 // then emit the argmax at the first mismatch (or the bonus token). See ops.h.
 //
 // One launch does everything. B can be 1 with V ~150k, so one block per row
-// would use a handful of SMs; instead grid = (splits, G+1, B) and each block
+// would use a handful of SMs; instead grid = (B, G+1, splits) and each block
 // reduces one V-chunk of one row to a packed (value, index) key that it
 // atomicMax-es into the workspace. The last block to finish a batch row (found
 // with a per-row atomic counter) reads that row's keys, walks the drafts and

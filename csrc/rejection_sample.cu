@@ -12,7 +12,7 @@
 //   depend on how the sums are split: any split of V gives the reference bit for bit.
 //
 // Why one launch. B can be 1 with V ~ 150k, and one block per row would leave almost every
-// SM idle. So grid = (splits, B): every block of row b first recomputes a itself (G is small:
+// SM idle. So grid = (B, splits): every block of row b first recomputes a itself (G is small:
 // 2 gathered scalars and one Philox draw per draft), which fixes the final row without any
 // cross-block communication, then sums the two kinds of weights (residual, and p for the
 // fallback) over its V-chunk and stores the two int64 chunk totals in the workspace. The
@@ -292,7 +292,7 @@ __device__ __forceinline__ int64_t clamp_token(long long token, int V) {
 }
 
 // ---------------------------------------------------------------------------------------
-// rejection_sample: grid (splits, B)
+// rejection_sample: grid (B, splits)
 // ---------------------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -406,7 +406,7 @@ rejection_sample_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg
 }
 
 // ---------------------------------------------------------------------------------------
-// rejection_sample_logits: grid (splits, 2G+1, B)
+// rejection_sample_logits: grid (B, 2G+1, splits)
 //
 // p = softmax(target / T) and q = softmax(draft / T) in fp32 are never written to memory.
 // Acceptance needs the softmax statistics (max m, sum s of exp(x/T - m)) of every target

@@ -1,6 +1,6 @@
 // Verification of token trees (reference/tree_verify.py is the specification).
 //
-// tree_greedy_verify: grid (splits, N, B). Each block reduces one V-chunk of one
+// tree_greedy_verify: grid (B, N, splits). Each block reduces one V-chunk of one
 // node's logits to a packed (value, index) argmax key (common.cuh) and
 // atomicMax-es it into the zeroed workspace, exactly like greedy_verify.cu. The
 // last block to finish a batch row (per-row atomic counter) walks the tree from
