@@ -2,7 +2,8 @@
 // Pieces shared by the split-V verification kernels (greedy_verify.cu,
 // logit_verify.cu, tree_verify.cu): the split plan, ragged draft counts and the packed argmax.
 //
-// Grid layout of those kernels: (splits, G+1, B). Block (s, pos, b) reduces the
+// Grid layout of those kernels: (B, G+1, splits), B in grid x so that it may exceed
+// 65535 (splits <= 4 per SM stays far below grid z's limit). Block (b, pos, s) reduces the
 // V-chunk [s*chunk, min(V, (s+1)*chunk)) of logits[b, pos]; the last block of
 // batch row b (per-row atomic counter) applies the accept rule.
 
@@ -15,31 +16,8 @@
 namespace specdec {
 namespace chain {
 
-// Chunk starts are multiples of 8 elements (16 B of fp16/bf16, 32 B of fp32),
-// so a 16-byte-aligned row keeps every chunk 16-byte aligned.
-constexpr int64_t kChunkAlign = 8;
-// Below ~4k elements per block the atomics/tail cost more than the extra
-// parallelism buys.
-constexpr int64_t kMinChunk = 4096;
-// Enough resident blocks to hide memory latency at small B.
-constexpr int64_t kBlocksPerSM = 4;
-
-struct SplitPlan {
-  int splits;
-  int chunk;
-};
-
-// Aim for ~kBlocksPerSM blocks per SM over all rows, but never below
-// kMinChunk elements per block. Recomputing splits from the rounded chunk
-// guarantees that every block owns at least one element.
-// Requires rows >= 1 and 1 <= V < 2^31.
-inline SplitPlan plan_splits(int64_t rows, int64_t V, int sms) {
-  int64_t splits = ceil_div(kBlocksPerSM * sms, rows);
-  splits = std::max<int64_t>(1, std::min(splits, V / kMinChunk));
-  int64_t chunk = ceil_div(ceil_div(V, splits), kChunkAlign) * kChunkAlign;
-  splits = ceil_div(V, chunk);
-  return {static_cast<int>(splits), static_cast<int>(chunk)};
-}
+// The split plan (V-chunk per CTA) is plans::chain_splits (launch_plan.h), shared
+// with the CPU tests.
 
 // Drafts that exist in batch row b: num_draft_tokens[b] clamped to [0, G]
 // (all G when num_draft_tokens is null).

@@ -86,10 +86,12 @@ struct Plan {
 constexpr int kRowsPerCta = 8;  // batch rows a CTA multiplies each weight row with
 constexpr int kWarps = 8;
 
-SPECDEC_HD Plan make_plan(int64_t B, int64_t V, int sms, int ctas_per_sm) {
+// rows_per_cta: most batch rows per CTA (fewer when a long H leaves no shared memory for 8).
+SPECDEC_HD Plan make_plan(int64_t B, int64_t V, int sms, int ctas_per_sm, int rows_per_cta = kRowsPerCta) {
   Plan p{};
-  p.rows_per_cta = static_cast<int>(B < kRowsPerCta ? B : kRowsPerCta);
-  p.row_groups = static_cast<int>((B + kRowsPerCta - 1) / kRowsPerCta);
+  const int64_t rows = rows_per_cta < 1 ? 1 : (rows_per_cta > kRowsPerCta ? kRowsPerCta : rows_per_cta);
+  p.rows_per_cta = static_cast<int>(B < rows ? B : rows);
+  p.row_groups = static_cast<int>((B + rows - 1) / rows);
   // about one full wave of CTAs over all row groups, each slice at least 4 rows per warp
   int64_t wanted = static_cast<int64_t>(sms) * ctas_per_sm / p.row_groups;
   const int64_t most = (V + 4 * kWarps - 1) / (4 * kWarps);

@@ -43,6 +43,9 @@ using early_exit::kRowsPerCta;
 using early_exit::kWarps;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMergeThreads = 256;
+static_assert(kWarps == plans::kEarlyExitWarps && kRowsPerCta == plans::kEarlyExitRowsPerCta &&
+                  kMaxK == plans::kEarlyExitMaxK && kMergeThreads == plans::kEarlyExitMergeThreads,
+              "launch_plan.h mirrors the kernels' shapes");
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
 enum Norm : int { kNone = 0, kRms = 1, kLayer = 2 };
@@ -147,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) early_exit_split_kernel(const SplitA
   __shared__ unsigned long long kept[kWarps][kRowsPerCta][kMaxK];
   const int group = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row0 = static_cast<int64_t>(group) * kRowsPerCta;
+  const int64_t row0 = static_cast<int64_t>(group) * a.rows_per_cta;  // the plan's rows (<= kRowsPerCta)
   normalize_rows<T>(a, row0, hs);
 
   // lane r < rows_per_cta owns row r's kept set of this warp; thresh is its minimum
@@ -228,39 +231,29 @@ void check_arg(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("specdec_kernels.early_exit_topk: " + what);
 }
 
-int max_dynamic_smem() {
-  int dev = 0, optin = 0;
-  SPECDEC_CUDA_CHECK(cudaGetDevice(&dev));
-  SPECDEC_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return optin - static_cast<int>(sizeof(unsigned long long) * kWarps * kRowsPerCta * kMaxK) - 1024;
+// The plan on the current device; a shape the kernels cannot serve throws its refusal.
+plans::Plan plan_on_device(int64_t B, int64_t H, int64_t V, int64_t k) {
+  const plans::Plan p = plans::plan_early_exit_topk(B, H, V, k, current_device_limits());
+  check_arg(p.ok(), p.refusal + "; use backend='triton'");
+  return p;
 }
 
-int smem_per_sm() {
-  int dev = 0, bytes = 0;
-  SPECDEC_CUDA_CHECK(cudaGetDevice(&dev));
-  SPECDEC_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  return bytes;
-}
-
-early_exit::Plan plan_for(int64_t B, int64_t H, int64_t V) {
-  const int rows = static_cast<int>(std::min<int64_t>(B, kRowsPerCta));
-  const int64_t smem = static_cast<int64_t>(rows) * H * 4 + sizeof(unsigned long long) * kWarps * kRowsPerCta * kMaxK;
-  const int ctas = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(2048 / kThreads, smem_per_sm() / (smem + 1024))));
-  return early_exit::make_plan(B, V, sm_count_of_current_device(), ctas);
+dim3 grid_of(const plans::Launch& l) {
+  return dim3(static_cast<unsigned>(l.grid[0]), static_cast<unsigned>(l.grid[1]), static_cast<unsigned>(l.grid[2]));
 }
 
 template <typename T>
-void launch_typed(const SplitArgs& a, const early_exit::Plan& p, float* values, int64_t* indices,
-                  cudaStream_t stream) {
-  const size_t smem = static_cast<size_t>(p.rows_per_cta) * a.H * sizeof(float);
-  if (smem > 48 * 1024) {
-    SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(early_exit_split_kernel<T>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+void launch_typed(const SplitArgs& a, const plans::Plan& p, float* values, int64_t* indices, cudaStream_t stream) {
+  const plans::Launch& split = p.launches.at(0);
+  const plans::Launch& merge = p.launches.at(1);
+  if (split.opt_in) {  // static kept sets + dynamic rows > 48 KiB (an attribute, not a stream op)
+    SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(early_exit_split_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(split.dynamic_smem)));
   }
-  early_exit_split_kernel<T><<<dim3(p.row_groups, p.splits), kThreads, smem, stream>>>(a);
+  early_exit_split_kernel<T><<<grid_of(split), split.block, split.dynamic_smem, stream>>>(a);
   SPECDEC_CUDA_CHECK(cudaGetLastError());
-  early_exit_merge_kernel<<<static_cast<unsigned>(a.B), kMergeThreads, 0, stream>>>(
-      a.cand, static_cast<int64_t>(p.splits) * a.k, a.k, values, indices);
+  early_exit_merge_kernel<<<grid_of(merge), merge.block, merge.dynamic_smem, stream>>>(
+      a.cand, p.at("splits") * a.k, a.k, values, indices);
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -268,8 +261,7 @@ void launch_typed(const SplitArgs& a, const early_exit::Plan& p, float* values, 
 
 uint64_t early_exit_topk_workspace_bytes(int64_t B, int64_t H, int64_t V, int64_t k) {
   if (B <= 0) return 0;
-  const early_exit::Plan p = plan_for(B, H, V);
-  return static_cast<uint64_t>(B) * p.splits * static_cast<uint64_t>(k) * sizeof(unsigned long long);
+  return static_cast<uint64_t>(plan_on_device(B, H, V, k).at("workspace_bytes"));
 }
 
 void launch_early_exit_topk(const void* hidden, int64_t hidden_stride, const void* norm_weight,
@@ -280,17 +272,10 @@ void launch_early_exit_topk(const void* hidden, int64_t hidden_stride, const voi
   check_arg(dtype == kFloat32 || dtype == kFloat16 || dtype == kBFloat16, "dtype must be 0, 1 or 2");
   check_arg(norm_dtype == kFloat32 || norm_dtype == kFloat16 || norm_dtype == kBFloat16, "bad norm dtype");
   check_arg(norm == kNone || norm == kRms || norm == kLayer, "norm must be 0 (none), 1 (rms) or 2 (layer)");
-  check_arg(B >= 0 && B <= 65535 * static_cast<int64_t>(kRowsPerCta), "B must be in [0, 524280]");
-  check_arg(H >= 1 && V >= 1 && V < 0x7FFFFFFF, "need H >= 1 and V in [1, 2^31 - 1)");
-  check_arg(k >= 1 && k <= kMaxK && k <= V, "k must be in [1, min(16, V)] (larger k: the materialised path)");
+  const plans::Plan p = plan_on_device(B, H, V, k);
   check_arg(hidden_stride >= H && lm_head_stride >= H, "row strides must be >= H");
   if (B == 0) return;
-  const int64_t rows = std::min<int64_t>(B, kRowsPerCta);
-  check_arg(rows * H * 4 <= max_dynamic_smem(),
-            "H = " + std::to_string(H) + " is too large for this device's shared memory (the cuda backend keeps "
-            "min(B, 8) normalised rows in it); use backend='triton'");
-  const early_exit::Plan p = plan_for(B, H, V);
-  check_arg(workspace_bytes >= early_exit_topk_workspace_bytes(B, H, V, k), "workspace too small");
+  check_arg(workspace_bytes >= static_cast<uint64_t>(p.at("workspace_bytes")), "workspace too small");
   const int elem = dtype == kFloat32 ? 4 : 2;
   const int vec_elems = 16 / elem;
   SplitArgs a{};
@@ -305,10 +290,10 @@ void launch_early_exit_topk(const void* hidden, int64_t hidden_stride, const voi
   a.B = B;
   a.H = H;
   a.V = V;
-  a.per_split = p.per_split;
+  a.per_split = p.at("per_split");
   a.k = static_cast<int>(k);
   a.norm = norm;
-  a.rows_per_cta = p.rows_per_cta;
+  a.rows_per_cta = static_cast<int>(p.at("rows_per_cta"));
   a.eps = static_cast<float>(eps);
   a.vec = reinterpret_cast<uintptr_t>(lm_head) % 16 == 0 && H % vec_elems == 0 && lm_head_stride % vec_elems == 0;
   if (dtype == kFloat16) {

@@ -4,7 +4,7 @@
 // then emit the argmax at the first mismatch (or the bonus token). See ops.h.
 //
 // One launch does everything. B can be 1 with V ~150k, so one block per row
-// would use a handful of SMs; instead grid = (splits, G+1, B) and each block
+// would use a handful of SMs; instead grid = (B, G+1, splits) and each block
 // reduces one V-chunk of one row to a packed (value, index) key that it
 // atomicMax-es into the workspace. The last block to finish a batch row (found
 // with a per-row atomic counter) reads that row's keys, walks the drafts and
@@ -23,8 +23,7 @@ constexpr int kThreads = 256;
 using chain::chunk_argmax_key;
 using chain::drafts_in_row;
 using chain::key_to_token;
-using chain::plan_splits;
-using chain::SplitPlan;
+static_assert(kThreads == plans::kVerifyThreads, "launch_plan.h mirrors the block size");
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -39,9 +38,9 @@ greedy_verify_kernel(const T* __restrict__ logits, int64_t stride_b, int64_t str
   __shared__ int s_accepted;
   __shared__ int64_t s_next_token;
 
-  const int split = blockIdx.x;
+  const int b = blockIdx.x;
   const int pos = blockIdx.y;
-  const int b = blockIdx.z;
+  const int split = blockIdx.z;
   const int n = drafts_in_row(num_draft_tokens, b, G);
   // Positions past n_b are never looked at; the whole block leaves together
   // (before any barrier) and is not counted below.
@@ -58,7 +57,7 @@ greedy_verify_kernel(const T* __restrict__ logits, int64_t stride_b, int64_t str
   if (threadIdx.x == 0) {
     atomicMax(&keys[static_cast<int64_t>(b) * (G + 1) + pos], key);
     __threadfence();  // our key must be visible before we count ourselves done
-    const unsigned int blocks_in_row = static_cast<unsigned int>(n + 1) * gridDim.x;
+    const unsigned int blocks_in_row = static_cast<unsigned int>(n + 1) * gridDim.z;
     is_last_block = atomicAdd(&counters[b], 1u) == blocks_in_row - 1;
   }
   __syncthreads();
@@ -104,14 +103,15 @@ template <typename T>
 void launch_typed(const void* logits, int64_t stride_b, int64_t stride_g,
                   const int64_t* draft_tokens, const int64_t* num_draft_tokens,
                   int64_t* out_tokens, int64_t* num_accepted, unsigned long long* keys,
-                  unsigned int* counters, int64_t B, int64_t G, int64_t V, SplitPlan plan,
+                  unsigned int* counters, int64_t G, int64_t V, const plans::Plan& plan,
                   cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(G + 1),
-                  static_cast<unsigned>(B));
-  greedy_verify_kernel<T><<<grid, kThreads, 0, stream>>>(
+  const plans::Launch& l = plan.launches.at(0);
+  const dim3 grid(static_cast<unsigned>(l.grid[0]), static_cast<unsigned>(l.grid[1]),
+                  static_cast<unsigned>(l.grid[2]));
+  greedy_verify_kernel<T><<<grid, l.block, l.dynamic_smem, stream>>>(
       static_cast<const T*>(logits), stride_b, stride_g, draft_tokens, num_draft_tokens,
       out_tokens, num_accepted, keys, counters, static_cast<int>(G), static_cast<int>(V),
-      plan.chunk);
+      static_cast<int>(plan.at("chunk")));
 }
 
 void check_arg(bool ok, const char* what) {
@@ -132,10 +132,8 @@ void launch_greedy_verify(const void* logits, int64_t stride_b, int64_t stride_g
                           int64_t B, int64_t G, int64_t V, int dtype, cudaStream_t stream) {
   check_arg(dtype == kFloat32 || dtype == kFloat16 || dtype == kBFloat16,
             "dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)");
-  check_arg(B >= 0 && G >= 0, "B and G must be >= 0");
-  // gridDim.y/z limits; V must leave 0xFFFFFFFF free as the "no element" index.
-  check_arg(B <= 65535 && G + 1 <= 65535, "B and G+1 must be <= 65535");
-  check_arg(V >= 1 && V < 0x7FFFFFFF, "V must be in [1, 2^31 - 1)");
+  const plans::Plan plan = plans::plan_greedy_verify(B, G, V, current_device_limits());
+  check_arg(plan.ok(), plan.refusal.c_str());
   if (B == 0) return;  // nothing to do; launching an empty grid is an error
   check_arg(logits && out_tokens && num_accepted && workspace, "null device pointer");
   check_arg(G == 0 || draft_tokens, "draft_tokens is null");
@@ -143,21 +141,18 @@ void launch_greedy_verify(const void* logits, int64_t stride_b, int64_t stride_g
 
   auto* keys = static_cast<unsigned long long*>(workspace);
   auto* counters = reinterpret_cast<unsigned int*>(keys + B * (G + 1));
-  const SplitPlan plan = plan_splits(B * (G + 1), V, sm_count_of_current_device());
-
   switch (dtype) {
     case kFloat32:
       launch_typed<float>(logits, stride_b, stride_g, draft_tokens, num_draft_tokens, out_tokens,
-                          num_accepted, keys, counters, B, G, V, plan, stream);
+                          num_accepted, keys, counters, G, V, plan, stream);
       break;
     case kFloat16:
       launch_typed<__half>(logits, stride_b, stride_g, draft_tokens, num_draft_tokens,
-                           out_tokens, num_accepted, keys, counters, B, G, V, plan, stream);
+                           out_tokens, num_accepted, keys, counters, G, V, plan, stream);
       break;
     default:
       launch_typed<__nv_bfloat16>(logits, stride_b, stride_g, draft_tokens, num_draft_tokens,
-                                  out_tokens, num_accepted, keys, counters, B, G, V, plan,
-                                  stream);
+                                  out_tokens, num_accepted, keys, counters, G, V, plan, stream);
       break;
   }
   SPECDEC_CUDA_CHECK(cudaGetLastError());

@@ -35,6 +35,7 @@ namespace specdec {
 namespace {
 
 constexpr int kMaxThreads = 256;
+static_assert(kMaxThreads == plans::kKvCompactMaxThreads, "launch_plan.h mirrors the block size");
 constexpr int kRowsInFlight = 8;  // loads each thread has outstanding before its stores
 
 struct RowArgs {
@@ -148,19 +149,10 @@ void check_arg(bool ok, const std::string& what) {
 bool divides(int64_t vector_bytes, int64_t bytes) { return bytes % vector_bytes == 0; }
 
 template <typename Word>
-void launch_typed(const KvCacheSet& caches, const RowArgs& rows, int64_t B, cudaStream_t stream) {
-  const int64_t words_per_head = caches.head_dim * caches.elem_size / static_cast<int64_t>(sizeof(Word));
-  const int64_t columns = caches.heads * words_per_head;
-  const int64_t num_caches = std::max<int64_t>(2 * caches.num_layers, 1);
-  // Enough threads for a row's Words, fewer when that leaves too few blocks to
-  // spread over the GPU (small B: a few layers x heads per block is latency-bound).
-  int threads = static_cast<int>(std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, ceil_div(columns, 32) * 32)));
-  const int64_t wanted_blocks = 2 * static_cast<int64_t>(sm_count_of_current_device());
-  while (threads > 32 && B * num_caches * ceil_div(columns, threads) < wanted_blocks) threads /= 2;
-  const int64_t column_blocks = std::max<int64_t>(1, ceil_div(columns, threads));
-  check_arg(B * column_blocks <= INT_MAX, "B * column blocks must fit in gridDim.x");
-  const dim3 grid(static_cast<unsigned>(B * column_blocks), static_cast<unsigned>(num_caches));
-  kv_compact_kernel<Word><<<grid, threads, 0, stream>>>(caches, rows, column_blocks);
+void launch_typed(const KvCacheSet& caches, const RowArgs& rows, const plans::Plan& plan, cudaStream_t stream) {
+  const plans::Launch& l = plan.launches.at(0);
+  const dim3 grid(static_cast<unsigned>(l.grid[0]), static_cast<unsigned>(l.grid[1]), static_cast<unsigned>(l.grid[2]));
+  kv_compact_kernel<Word><<<grid, l.block, l.dynamic_smem, stream>>>(caches, rows, plan.at("column_blocks"));
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -171,18 +163,18 @@ void launch_kv_compact(const KvCacheSet& caches, const void* seq_lens, bool seq_
                        int64_t accepted_stride_m, void* new_lens, int64_t B, int64_t M,
                        cudaStream_t stream) {
   check_arg(B >= 0 && M >= 0, "B and M must be >= 0");
-  check_arg(caches.num_layers >= 0 && 2 * caches.num_layers <= 65535, "2 * num_layers must be in [0, 65535]");
-  check_arg(caches.heads >= 0 && caches.seq_capacity >= 0 && caches.head_dim >= 0, "cache sizes must be >= 0");
-  check_arg(caches.elem_size == 2 || caches.elem_size == 4, "elem_size must be 2 or 4 bytes");
+  check_arg(caches.num_layers >= 0, "num_layers must be >= 0");
+  const plans::Plan plan = plans::plan_kv_compact(B, caches.num_layers, caches.heads, caches.seq_capacity,
+                                                  caches.head_dim, caches.elem_size, caches.vector_bytes,
+                                                  current_device_limits());
+  check_arg(plan.ok(), plan.refusal);
   const int64_t v = caches.vector_bytes;
-  check_arg(v == 2 || v == 4 || v == 8 || v == 16, "vector_bytes must be 2, 4, 8 or 16");
-  check_arg(divides(v, caches.head_dim * caches.elem_size), "vector_bytes must divide head_dim * elem_size");
   if (B == 0) return;
   check_arg(seq_lens && new_lens && (M == 0 || accepted), "null device pointer");
   RowArgs rows{seq_lens, seq_lens_int32, seq_lens_stride, accepted, accepted_stride_b, accepted_stride_m,
                new_lens, M};
   KvCacheSet set = caches;
-  if (set.heads == 0 || set.head_dim == 0 || set.seq_capacity == 0) set.num_layers = 0;  // lengths only
+  set.num_layers = plan.at("num_layers");  // 0: lengths only (empty caches)
   if (set.num_layers > 0 && set.table == nullptr) {
     check_arg(set.k_base && set.v_base, "null cache base pointer");
     const int64_t es = set.elem_size;
@@ -193,16 +185,16 @@ void launch_kv_compact(const KvCacheSet& caches, const void* seq_lens, bool seq_
   }
   switch (v) {
     case 16:
-      launch_typed<uint4>(set, rows, B, stream);
+      launch_typed<uint4>(set, rows, plan, stream);
       break;
     case 8:
-      launch_typed<uint2>(set, rows, B, stream);
+      launch_typed<uint2>(set, rows, plan, stream);
       break;
     case 4:
-      launch_typed<uint32_t>(set, rows, B, stream);
+      launch_typed<uint32_t>(set, rows, plan, stream);
       break;
     default:
-      launch_typed<uint16_t>(set, rows, B, stream);
+      launch_typed<uint16_t>(set, rows, plan, stream);
       break;
   }
 }

@@ -2,8 +2,8 @@
 // bild_verify (BiLD rollback) and max_prob. See logit_verify.h and the
 // reference in specdec_kernels/reference/chain_verify.py.
 //
-// relaxed_verify / bild_verify: one launch, grid (splits, G+1, B) as in
-// greedy_verify.cu. Block (s, pos, b) streams the V-chunk s of logits[b, pos]
+// relaxed_verify / bild_verify: one launch, grid (B, G+1, splits) as in
+// greedy_verify.cu. Block (b, pos, s) streams the V-chunk s of logits[b, pos]
 // once and computes
 //   * the packed argmax key (all positions: the correction / bonus token),
 //   * relaxed: the number of ids ranking ahead of the draft (logit desc, id asc),
@@ -51,6 +51,7 @@ using logit::MaxSum;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+static_assert(kThreads == plans::kVerifyThreads, "launch_plan.h mirrors the block size");
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 // What a block accumulates over its chunk (bit flags).
@@ -215,10 +216,10 @@ logit_verify_kernel(const T* __restrict__ logits, int64_t stride_b, int64_t stri
   __shared__ int s_first_reject;
   __shared__ int64_t s_final_token;
 
-  const int split = blockIdx.x;
-  const int splits = gridDim.x;
+  const int b = blockIdx.x;
   const int pos = blockIdx.y;
-  const int b = blockIdx.z;
+  const int split = blockIdx.z;
+  const int splits = gridDim.z;
   const int n = chain::drafts_in_row(num_draft_tokens, b, G);
   // Positions past n_b are never looked at; the whole block leaves together
   // (before any barrier) and is not counted below.
@@ -359,11 +360,11 @@ void check_arg(bool ok, const char* op, const char* what) {
   if (!ok) throw std::invalid_argument(std::string("specdec_kernels.") + op + ": " + what);
 }
 
-void check_chain_shape(const char* op, int64_t B, int64_t G, int64_t V) {
-  check_arg(B >= 0 && G >= 0, op, "B and G must be >= 0");
-  // gridDim.y/z limits; V must leave 0xFFFFFFFF free as the "no element" index.
-  check_arg(B <= 65535 && G + 1 <= 65535, op, "B and G+1 must be <= 65535");
-  check_arg(V >= 1 && V < 0x7FFFFFFF, op, "V must be in [1, 2^31 - 1)");
+// The launch plan on the current device; a shape the kernels cannot serve throws its refusal.
+plans::Plan chain_plan(const char* op, int64_t B, int64_t G, int64_t V) {
+  const plans::Plan plan = plans::plan_logit_verify(B, G, V, current_device_limits());
+  check_arg(plan.ok(), op, plan.refusal.c_str());
+  return plan;
 }
 
 void check_strides(const char* op, int64_t stride_b, int64_t stride_g) {
@@ -371,21 +372,21 @@ void check_strides(const char* op, int64_t stride_b, int64_t stride_g) {
 }
 
 struct ChainLayout {
-  chain::SplitPlan plan;
+  plans::Plan plan;
   uint64_t partials_offset;
   uint64_t ranks_offset;
   uint64_t counters_offset;
   uint64_t bytes;
 };
 
-// Requires B >= 1 and a checked shape.
-ChainLayout chain_layout(int64_t B, int64_t G, int64_t V) {
+// Requires B >= 1.
+ChainLayout chain_layout(const char* op, int64_t B, int64_t G, int64_t V) {
   const uint64_t slots = static_cast<uint64_t>(B) * static_cast<uint64_t>(G + 1);
   ChainLayout layout{};
-  layout.plan = chain::plan_splits(static_cast<int64_t>(slots), V, sm_count_of_current_device());
+  layout.plan = chain_plan(op, B, G, V);
   layout.partials_offset = slots * sizeof(unsigned long long);
   layout.ranks_offset =
-      layout.partials_offset + slots * static_cast<uint64_t>(layout.plan.splits) * sizeof(float2);
+      layout.partials_offset + slots * static_cast<uint64_t>(layout.plan.at("splits")) * sizeof(float2);
   layout.counters_offset = layout.ranks_offset + slots * sizeof(unsigned);
   layout.bytes = layout.counters_offset + static_cast<uint64_t>(B) * sizeof(unsigned);
   return layout;
@@ -397,15 +398,16 @@ void launch_chain_typed(const void* logits, int64_t stride_b, int64_t stride_g,
                         int64_t* out_tokens, int64_t* num_accepted, char* workspace,
                         const ChainLayout& layout, int64_t B, int64_t G, int64_t V,
                         int64_t top_beta, float tau, float threshold, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(layout.plan.splits), static_cast<unsigned>(G + 1),
-                  static_cast<unsigned>(B));
-  logit_verify_kernel<T, kMode><<<grid, kThreads, 0, stream>>>(
+  const plans::Launch& l = layout.plan.launches.at(0);
+  const dim3 grid(static_cast<unsigned>(l.grid[0]), static_cast<unsigned>(l.grid[1]),
+                  static_cast<unsigned>(l.grid[2]));
+  logit_verify_kernel<T, kMode><<<grid, l.block, l.dynamic_smem, stream>>>(
       static_cast<const T*>(logits), stride_b, stride_g, draft_tokens, num_draft_tokens,
       out_tokens, num_accepted, reinterpret_cast<unsigned long long*>(workspace),
       reinterpret_cast<float2*>(workspace + layout.partials_offset),
       reinterpret_cast<unsigned*>(workspace + layout.ranks_offset),
       reinterpret_cast<unsigned*>(workspace + layout.counters_offset), static_cast<int>(G),
-      static_cast<int>(V), layout.plan.chunk, top_beta, tau, threshold);
+      static_cast<int>(V), static_cast<int>(layout.plan.at("chunk")), top_beta, tau, threshold);
 }
 
 template <int kMode>
@@ -416,14 +418,14 @@ void launch_chain(const char* op, const void* logits, int64_t stride_b, int64_t 
                   int64_t top_beta, float tau, float threshold, cudaStream_t stream) {
   check_arg(dtype == kFloat32 || dtype == kFloat16 || dtype == kBFloat16, op,
             "dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)");
-  check_chain_shape(op, B, G, V);
+  chain_plan(op, B, G, V);  // the shape checks and refusals, also for B == 0
   check_strides(op, stride_b, stride_g);
   if (B == 0) return;  // nothing to do; launching an empty grid is an error
   check_arg(logits && out_tokens && num_accepted && workspace, op, "null device pointer");
   check_arg(G == 0 || draft_tokens, op, "draft_tokens is null");
   check_arg(reinterpret_cast<uintptr_t>(workspace) % 8 == 0, op,
             "workspace must be 8-byte aligned");
-  const ChainLayout layout = chain_layout(B, G, V);
+  const ChainLayout layout = chain_layout(op, B, G, V);
   check_arg(workspace_bytes >= layout.bytes, op,
             "workspace too small: query logit_verify_workspace_bytes on the same device");
   char* ws = static_cast<char*>(workspace);
@@ -462,8 +464,9 @@ float threshold_as_float32(const char* op, const char* what, double value) {
 }  // namespace
 
 uint64_t logit_verify_workspace_bytes(int64_t B, int64_t G, int64_t V) {
-  check_chain_shape("logit_verify_workspace_bytes", B, G, V);
-  return B == 0 ? 0 : chain_layout(B, G, V).bytes;
+  constexpr const char* op = "logit_verify_workspace_bytes";
+  chain_plan(op, B, G, V);
+  return B == 0 ? 0 : chain_layout(op, B, G, V).bytes;
 }
 
 void launch_relaxed_verify(const void* logits, int64_t stride_b, int64_t stride_g,
@@ -495,25 +498,21 @@ void launch_bild_verify(const void* logits, int64_t stride_b, int64_t stride_g,
 namespace {
 
 struct MaxProbPlan {
-  chain::SplitPlan plan;
+  plans::Plan plan;
   uint64_t counters_offset;
   uint64_t bytes;  // 0 with one split per row
 };
 
-void check_max_prob_shape(const char* op, int64_t R, int64_t V) {
-  check_arg(R >= 0, op, "R must be >= 0");
-  check_arg(V >= 1 && V < 0x7FFFFFFF, op, "V must be in [1, 2^31 - 1)");
-}
-
-// Requires R >= 1 and a checked shape.
+// The launch plan on the current device and its workspace; a shape the kernel cannot
+// serve throws its refusal.
 MaxProbPlan max_prob_plan(const char* op, int64_t R, int64_t V) {
   MaxProbPlan p{};
-  p.plan = chain::plan_splits(R, V, sm_count_of_current_device());
-  // one block per (row, split) in gridDim.x
-  check_arg(R <= std::numeric_limits<int32_t>::max() / p.plan.splits, op,
-            "too many rows (R * splits must be < 2^31)");
-  if (p.plan.splits > 1) {
-    const uint64_t slots = static_cast<uint64_t>(R) * static_cast<uint64_t>(p.plan.splits);
+  p.plan = plans::plan_max_prob(R, V, current_device_limits());
+  check_arg(p.plan.ok(), op, p.plan.refusal.c_str());
+  if (R == 0) return p;
+  const int64_t splits = p.plan.at("splits");
+  if (splits > 1) {
+    const uint64_t slots = static_cast<uint64_t>(R) * static_cast<uint64_t>(splits);
     p.counters_offset = slots * sizeof(float2);
     p.bytes = p.counters_offset + static_cast<uint64_t>(R) * sizeof(unsigned);
   }
@@ -523,22 +522,20 @@ MaxProbPlan max_prob_plan(const char* op, int64_t R, int64_t V) {
 template <typename T>
 void launch_max_prob_typed(const void* logits, int64_t row_stride, float* out, char* workspace,
                            const MaxProbPlan& p, int64_t R, int64_t V, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>(R * p.plan.splits);
+  const plans::Launch& l = p.plan.launches.at(0);
   float2* partials = p.bytes ? reinterpret_cast<float2*>(workspace) : nullptr;
   unsigned* counters =
       p.bytes ? reinterpret_cast<unsigned*>(workspace + p.counters_offset) : nullptr;
-  max_prob_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(logits), row_stride,
-                                                       out, partials, counters,
-                                                       static_cast<int>(V), p.plan.chunk,
-                                                       p.plan.splits);
+  max_prob_kernel<T><<<static_cast<unsigned>(l.grid[0]), l.block, l.dynamic_smem, stream>>>(
+      static_cast<const T*>(logits), row_stride, out, partials, counters, static_cast<int>(V),
+      static_cast<int>(p.plan.at("chunk")), static_cast<int>(p.plan.at("splits")));
 }
 
 }  // namespace
 
 uint64_t max_prob_workspace_bytes(int64_t R, int64_t V) {
   constexpr const char* op = "max_prob_workspace_bytes";
-  check_max_prob_shape(op, R, V);
-  return R == 0 ? 0 : max_prob_plan(op, R, V).bytes;
+  return max_prob_plan(op, R, V).bytes;
 }
 
 void launch_max_prob(const void* logits, int64_t row_stride, float* out, void* workspace,
@@ -547,11 +544,10 @@ void launch_max_prob(const void* logits, int64_t row_stride, float* out, void* w
   constexpr const char* op = "max_prob";
   check_arg(dtype == kFloat32 || dtype == kFloat16 || dtype == kBFloat16, op,
             "dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)");
-  check_max_prob_shape(op, R, V);
+  const MaxProbPlan p = max_prob_plan(op, R, V);
   check_arg(row_stride >= 0, op, "row_stride must be >= 0");
   if (R == 0) return;
   check_arg(logits && out, op, "null device pointer");
-  const MaxProbPlan p = max_prob_plan(op, R, V);
   if (p.bytes) {
     check_arg(workspace != nullptr, op, "null workspace");
     check_arg(reinterpret_cast<uintptr_t>(workspace) % 8 == 0, op,

@@ -12,7 +12,7 @@
 //   depend on how the sums are split: any split of V gives the reference bit for bit.
 //
 // Why one launch. B can be 1 with V ~ 150k, and one block per row would leave almost every
-// SM idle. So grid = (splits, B): every block of row b first recomputes a itself (G is small:
+// SM idle. So grid = (B, splits): every block of row b first recomputes a itself (G is small:
 // 2 gathered scalars and one Philox draw per draft), which fixes the final row without any
 // cross-block communication, then sums the two kinds of weights (residual, and p for the
 // fallback) over its V-chunk and stores the two int64 chunk totals in the workspace. The
@@ -24,16 +24,16 @@
 // used, so the zeroed buffer is reusable by the next call or graph replay on the stream.
 // No host sync, no allocation, no second kernel.
 //
-// Chunks hold kMinChunk..kMaxChunk elements (one chunk when V is smaller): enough blocks for
+// Chunks hold 2048..8192 elements (one chunk when V is smaller; plans::plan_rejection_sample): enough blocks for
 // small B (B = 1, V = 151936: 74 blocks), and a rescan that re-reads only a small fraction
 // of the row (usually from L2) for large B.
 //
-// Limits: V < 2^23 (the int64 fixed-point totals), B <= 65535 (grid dimension).
+// Limits: V < 2^23 (the int64 fixed-point totals). Grid (B, splits): B in grid x.
 // Out-of-contract inputs never produce ids outside [0, V): draw_threshold keeps the
 // threshold in [0, total - 1] on every backend (uniforms of 1.0, above 1, or NaN).
 //
 // Workspace: [B][max_splits] longlong2 chunk totals (.x residual, .y p), max_splits =
-// ceil(V / kMinChunk) >= any plan's splits, then [B] uint32 counters.
+// ceil(V / 2048) >= any plan's splits, then [B] uint32 counters.
 //
 // rejection_sample_logits (second kernel in this file, same structure): see its comment.
 
@@ -51,14 +51,10 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// Chunk starts are multiples of 8 elements (16 B of fp16/bf16, 32 B of fp32): a 16-byte
-// aligned row keeps every chunk (and every vector slot in it) 16-byte aligned.
-constexpr int64_t kChunkAlign = 8;
-constexpr int64_t kMinChunk = 2048;
-constexpr int64_t kMaxChunk = 8192;
-constexpr int64_t kBlocksPerSM = 4;
 // Each weight is <= 2^40, so a row total stays below 2^63 for V < 2^23.
 constexpr int64_t kMaxVocab = int64_t{1} << 23;
+static_assert(kThreads == plans::kRejectionThreads && kMaxVocab == plans::kRejectionMaxVocab,
+              "launch_plan.h mirrors the block size and the vocabulary limit");
 
 // ---------------------------------------------------------------------------------------
 // Randomness (reference/chain_verify.py + reference/rng.py)
@@ -296,7 +292,7 @@ __device__ __forceinline__ int64_t clamp_token(long long token, int V) {
 }
 
 // ---------------------------------------------------------------------------------------
-// rejection_sample: grid (splits, B)
+// rejection_sample: grid (B, splits)
 // ---------------------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -311,9 +307,9 @@ rejection_sample_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg
   __shared__ bool s_is_last;
   __shared__ long long s_chunk, s_base, s_found;
 
-  const int64_t split = blockIdx.x;
-  const int64_t b = blockIdx.y;
-  const int splits = static_cast<int>(gridDim.x);
+  const int64_t b = blockIdx.x;
+  const int64_t split = blockIdx.y;
+  const int splits = static_cast<int>(gridDim.y);
   const int n = drafts_in_row(num_draft_tokens, b, G);
 
   // ---- 1. num_accepted, recomputed by every block of the row --------------------------
@@ -410,7 +406,7 @@ rejection_sample_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg
 }
 
 // ---------------------------------------------------------------------------------------
-// rejection_sample_logits: grid (splits, 2G+1, B)
+// rejection_sample_logits: grid (B, 2G+1, splits)
 //
 // p = softmax(target / T) and q = softmax(draft / T) in fp32 are never written to memory.
 // Acceptance needs the softmax statistics (max m, sum s of exp(x/T - m)) of every target
@@ -483,11 +479,11 @@ rejection_sample_logits_kernel(const T* __restrict__ target, int64_t t_sb, int64
   __shared__ long long s_found;
 
   constexpr int K = Vec16<T>::kElems;
-  const int64_t split = blockIdx.x;
+  const int64_t b = blockIdx.x;
   const int r = static_cast<int>(blockIdx.y);
-  const int64_t b = blockIdx.z;
+  const int64_t split = blockIdx.z;
   const int R = 2 * G + 1;
-  const int splits = static_cast<int>(gridDim.x);
+  const int splits = static_cast<int>(gridDim.z);
   const int n = drafts_in_row(num_draft_tokens, b, G);
   // Rows past the batch row's drafts are never looked at: the whole block leaves before any
   // barrier and is not counted below.
@@ -605,24 +601,6 @@ rejection_sample_logits_kernel(const T* __restrict__ target, int64_t t_sb, int64
 // ---------------------------------------------------------------------------------------
 // Host side
 // ---------------------------------------------------------------------------------------
-struct SplitPlan {
-  int64_t splits;
-  int64_t chunk;
-};
-
-int64_t max_splits_for(int64_t V) { return ceil_div(V, kMinChunk); }
-
-// ~kBlocksPerSM blocks per SM over all rows, chunks of kMinChunk..kMaxChunk elements (a
-// smaller V gives one chunk). Recomputing splits from the rounded chunk guarantees that
-// every block owns at least one element, and splits <= max_splits_for(V).
-SplitPlan plan_splits(int64_t rows, int64_t V, int sms) {
-  int64_t splits = ceil_div(kBlocksPerSM * sms, rows);
-  splits = std::min(splits, std::max<int64_t>(1, V / kMinChunk));
-  splits = std::max(splits, ceil_div(V, kMaxChunk));
-  const int64_t chunk = ceil_div(ceil_div(V, splits), kChunkAlign) * kChunkAlign;
-  return {ceil_div(V, chunk), chunk};
-}
-
 void check_arg(bool ok, const char* op, const char* what) {
   if (!ok) throw std::invalid_argument(std::string("specdec_kernels.") + op + ": " + what);
 }
@@ -633,8 +611,6 @@ void check_common(const char* op, const void* target, const void* draft, const i
   check_arg(dtype == kFloat32 || dtype == kFloat16 || dtype == kBFloat16, op,
             "dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)");
   check_arg(B >= 0 && G >= 0, op, "B and G must be >= 0");
-  check_arg(B <= 65535, op, "B must be <= 65535");
-  check_arg(G <= (1 << 20), op, "G must be <= 2^20");
   check_arg(V >= 1 && V < kMaxVocab, op, "V must be in [1, 2^23)");
   if (B == 0) return;
   check_arg(target && out_tokens && num_accepted && workspace, op, "null device pointer");
@@ -646,27 +622,28 @@ template <typename T>
 void launch_probs_typed(const void* target, int64_t t_sb, int64_t t_sg, const void* draft, int64_t q_sb,
                         int64_t q_sg, const int64_t* draft_tokens, const int64_t* num_draft_tokens,
                         const Randomness& rnd, int64_t* out_tokens, int64_t* num_accepted, longlong2* totals,
-                        unsigned int* counters, int64_t ws_stride, int64_t B, int64_t G, int64_t V, SplitPlan plan,
+                        unsigned int* counters, int64_t ws_stride, int64_t G, int64_t V, const plans::Plan& plan,
                         cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(B));
-  rejection_sample_kernel<T><<<grid, kThreads, 0, stream>>>(
+  const plans::Launch& l = plan.launches.at(0);
+  const dim3 grid(static_cast<unsigned>(l.grid[0]), static_cast<unsigned>(l.grid[1]), static_cast<unsigned>(l.grid[2]));
+  rejection_sample_kernel<T><<<grid, l.block, l.dynamic_smem, stream>>>(
       static_cast<const T*>(target), t_sb, t_sg, static_cast<const T*>(draft), q_sb, q_sg, draft_tokens,
       num_draft_tokens, rnd, out_tokens, num_accepted, totals, counters, ws_stride, static_cast<int>(G),
-      static_cast<int>(V), plan.chunk);
+      static_cast<int>(V), plan.at("chunk"));
 }
 
 template <typename T>
 void launch_logits_typed(const void* target, int64_t t_sb, int64_t t_sg, const void* draft, int64_t q_sb,
                          int64_t q_sg, const int64_t* draft_tokens, const int64_t* num_draft_tokens,
                          float temperature, const float* temperatures, const Randomness& rnd, int64_t* out_tokens,
-                         int64_t* num_accepted, float2* stats, unsigned int* counters, int64_t ws_stride, int64_t B,
-                         int64_t G, int64_t V, SplitPlan plan, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(2 * G + 1), static_cast<unsigned>(B));
-  const size_t smem = static_cast<size_t>(2 * G + 1) * sizeof(float2);
-  rejection_sample_logits_kernel<T><<<grid, kThreads, smem, stream>>>(
+                         int64_t* num_accepted, float2* stats, unsigned int* counters, int64_t ws_stride,
+                         int64_t G, int64_t V, const plans::Plan& plan, cudaStream_t stream) {
+  const plans::Launch& l = plan.launches.at(0);
+  const dim3 grid(static_cast<unsigned>(l.grid[0]), static_cast<unsigned>(l.grid[1]), static_cast<unsigned>(l.grid[2]));
+  rejection_sample_logits_kernel<T><<<grid, l.block, l.dynamic_smem, stream>>>(
       static_cast<const T*>(target), t_sb, t_sg, static_cast<const T*>(draft), q_sb, q_sg, draft_tokens,
       num_draft_tokens, temperature, temperatures, rnd, out_tokens, num_accepted, stats, counters, ws_stride,
-      static_cast<int>(G), static_cast<int>(V), plan.chunk);
+      static_cast<int>(G), static_cast<int>(V), plan.at("chunk"));
 }
 
 }  // namespace
@@ -674,7 +651,7 @@ void launch_logits_typed(const void* target, int64_t t_sb, int64_t t_sg, const v
 uint64_t rejection_sample_workspace_bytes(int64_t B, int64_t G, int64_t V) {
   check_arg(B >= 0 && G >= 0 && V >= 1 && V < kMaxVocab, "rejection_sample",
             "need B >= 0, G >= 0 and V in [1, 2^23)");
-  return static_cast<uint64_t>(B) * static_cast<uint64_t>(max_splits_for(V)) * sizeof(longlong2) +
+  return static_cast<uint64_t>(B) * static_cast<uint64_t>(plans::rejection_max_splits(V)) * sizeof(longlong2) +
          static_cast<uint64_t>(B) * sizeof(unsigned int);
 }
 
@@ -685,31 +662,32 @@ void launch_rejection_sample(const void* target_probs, int64_t target_stride_b, 
                              const int64_t* offsets, int64_t* out_tokens, int64_t* num_accepted,
                              void* workspace, int64_t B, int64_t G, int64_t V, int dtype, cudaStream_t stream) {
   const char* op = "rejection_sample";
+  const plans::Plan plan = plans::plan_rejection_sample(B, G, V, current_device_limits());
+  check_arg(plan.ok(), op, plan.refusal.c_str());
   check_common(op, target_probs, draft_probs, draft_tokens, out_tokens, num_accepted, workspace, B, G, V, dtype);
   if (B == 0) return;  // nothing to do; an empty grid is a launch error
 
-  const int64_t ws_stride = max_splits_for(V);
+  const int64_t ws_stride = plan.at("ws_stride");
   auto* totals = static_cast<longlong2*>(workspace);
   auto* counters = reinterpret_cast<unsigned int*>(totals + B * ws_stride);
-  const SplitPlan plan = plan_splits(B, V, sm_count_of_current_device());
-  if (plan.splits < 1 || plan.splits > ws_stride) throw std::logic_error("rejection_sample: bad split plan");
+  if (plan.at("splits") > ws_stride) throw std::logic_error("rejection_sample: bad split plan");
   const Randomness rnd{uniforms, uniforms_float64, seed, seeds, offsets};
 
   switch (dtype) {
     case kFloat32:
       launch_probs_typed<float>(target_probs, target_stride_b, target_stride_g, draft_probs, draft_stride_b,
                                 draft_stride_g, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted,
-                                totals, counters, ws_stride, B, G, V, plan, stream);
+                                totals, counters, ws_stride, G, V, plan, stream);
       break;
     case kFloat16:
       launch_probs_typed<__half>(target_probs, target_stride_b, target_stride_g, draft_probs, draft_stride_b,
                                  draft_stride_g, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted,
-                                 totals, counters, ws_stride, B, G, V, plan, stream);
+                                 totals, counters, ws_stride, G, V, plan, stream);
       break;
     default:
       launch_probs_typed<__nv_bfloat16>(target_probs, target_stride_b, target_stride_g, draft_probs,
                                         draft_stride_b, draft_stride_g, draft_tokens, num_draft_tokens, rnd,
-                                        out_tokens, num_accepted, totals, counters, ws_stride, B, G, V, plan,
+                                        out_tokens, num_accepted, totals, counters, ws_stride, G, V, plan,
                                         stream);
       break;
   }
@@ -722,12 +700,14 @@ namespace specdec {
 
 namespace {
 constexpr int64_t kMaxLogitsDrafts = 2047;  // 2G+1 merged (m, s) pairs in 48 KB of shared memory
+static_assert(kMaxLogitsDrafts == plans::kRejectionMaxLogitsDrafts, "launch_plan.h mirrors the draft limit");
 }  // namespace
 
 uint64_t rejection_sample_logits_workspace_bytes(int64_t B, int64_t G, int64_t V) {
   check_arg(B >= 0 && G >= 0 && G <= kMaxLogitsDrafts && V >= 1 && V < kMaxVocab, "rejection_sample_logits",
             "need B >= 0, 0 <= G <= 2047 and V in [1, 2^23)");
-  return static_cast<uint64_t>(B) * static_cast<uint64_t>(2 * G + 1) * static_cast<uint64_t>(max_splits_for(V)) *
+  return static_cast<uint64_t>(B) * static_cast<uint64_t>(2 * G + 1) *
+             static_cast<uint64_t>(plans::rejection_max_splits(V)) *
              sizeof(float2) +
          static_cast<uint64_t>(B) * sizeof(unsigned int);
 }
@@ -741,33 +721,33 @@ void launch_rejection_sample_logits(const void* target_logits, int64_t target_st
                                     void* workspace, int64_t B, int64_t G, int64_t V, int dtype,
                                     cudaStream_t stream) {
   const char* op = "rejection_sample_logits";
+  const plans::Plan plan = plans::plan_rejection_sample_logits(B, G, V, current_device_limits());
+  check_arg(plan.ok(), op, plan.refusal.c_str());
   check_common(op, target_logits, draft_logits, draft_tokens, out_tokens, num_accepted, workspace, B, G, V, dtype);
-  check_arg(G <= kMaxLogitsDrafts, op, "G must be <= 2047");
   if (B == 0) return;
 
-  const int64_t ws_stride = max_splits_for(V);
+  const int64_t ws_stride = plan.at("ws_stride");
   auto* stats = static_cast<float2*>(workspace);
   auto* counters = reinterpret_cast<unsigned int*>(stats + B * (2 * G + 1) * ws_stride);
-  const SplitPlan plan = plan_splits(B * (2 * G + 1), V, sm_count_of_current_device());
-  if (plan.splits < 1 || plan.splits > ws_stride) throw std::logic_error("rejection_sample_logits: bad split plan");
+  if (plan.at("splits") > ws_stride) throw std::logic_error("rejection_sample_logits: bad split plan");
   const Randomness rnd{uniforms, uniforms_float64, seed, seeds, offsets};
 
   switch (dtype) {
     case kFloat32:
       launch_logits_typed<float>(target_logits, target_stride_b, target_stride_g, draft_logits, draft_stride_b,
                                  draft_stride_g, draft_tokens, num_draft_tokens, temperature, temperatures, rnd,
-                                 out_tokens, num_accepted, stats, counters, ws_stride, B, G, V, plan, stream);
+                                 out_tokens, num_accepted, stats, counters, ws_stride, G, V, plan, stream);
       break;
     case kFloat16:
       launch_logits_typed<__half>(target_logits, target_stride_b, target_stride_g, draft_logits, draft_stride_b,
                                   draft_stride_g, draft_tokens, num_draft_tokens, temperature, temperatures, rnd,
-                                  out_tokens, num_accepted, stats, counters, ws_stride, B, G, V, plan, stream);
+                                  out_tokens, num_accepted, stats, counters, ws_stride, G, V, plan, stream);
       break;
     default:
       launch_logits_typed<__nv_bfloat16>(target_logits, target_stride_b, target_stride_g, draft_logits,
                                          draft_stride_b, draft_stride_g, draft_tokens, num_draft_tokens,
                                          temperature, temperatures, rnd, out_tokens, num_accepted, stats, counters,
-                                         ws_stride, B, G, V, plan, stream);
+                                         ws_stride, G, V, plan, stream);
       break;
   }
   SPECDEC_CUDA_CHECK(cudaGetLastError());

@@ -232,6 +232,8 @@ __device__ void merge_splits(const Params& p, const Cta& c, int active, int bloc
 constexpr int kBlockN = 64;  // keys per K/V tile (divides kKeyAlign)
 constexpr int kStages = 3;   // K/V tiles in flight per CTA
 static_assert(kKeyAlign % kBlockN == 0, "a tile must never straddle two splits");
+static_assert(kBlockN == plans::kTreeAttentionBlockN && kStages == plans::kTreeAttentionStages,
+              "launch_plan.h mirrors the MMA tiles");
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -572,6 +574,9 @@ constexpr int kSimtThreads = 128;
 constexpr int kSimtMaxD = 256;
 constexpr int kSimtDPerLane = kSimtMaxD / 32;
 static_assert(kKeyAlign % kSimtKeys == 0, "a tile must never straddle two splits");
+static_assert(kSimtRows == plans::kTreeAttentionSimtRows && kSimtKeys == plans::kTreeAttentionSimtKeys &&
+                  kSimtThreads == plans::kTreeAttentionSimtThreads && kSimtMaxD == plans::kTreeAttentionSimtMaxD,
+              "launch_plan.h mirrors the SIMT tiles");
 
 // Shared floats: Q [16][D], K [16][D | 1] (odd row stride: lanes reading one
 // column of 16 keys hit 16 banks), V [16][D].
@@ -758,7 +763,9 @@ KernelChoice choose_kernel(int dtype, int64_t D, int block_m) {
 }
 
 // Opt the kernel in to its largest dynamic shared memory (an upper limit,
-// harmless for smaller launches) and return how many CTAs of this launch fit
+// harmless for smaller launches) when its static + dynamic shared memory passes
+// 48 KiB (the D = 64 MMA kernels: exactly 48 KiB dynamic + 128 B static), and
+// return how many CTAs of this launch fit
 // on one SM. Cached per device and kernel for the last shared-memory size
 // asked, so after one warm-up call a captured call makes no runtime queries
 // beyond cudaGetDevice.
@@ -774,7 +781,7 @@ int prepare_kernel(const KernelChoice& k) {
       return static_cast<int>(hit & 0xFFFFFFFFu);
     }
   }
-  if (k.smem_limit > 48 * 1024) {
+  if (plans::needs_opt_in(plans::kTreeAttentionStaticSmem, k.smem_limit, current_device_limits())) {
     SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_limit));
   }
   int per_sm = 0;
@@ -787,44 +794,25 @@ int prepare_kernel(const KernelChoice& k) {
   return per_sm;
 }
 
-int block_m_for(int dtype, int64_t D, int64_t M) {
-  if (!has_mma_kernel(dtype, D)) return kSimtRows;
-  return M > 64 ? 128 : 64;
-}
-
-void check_shapes(int64_t B, int64_t N, int64_t Hq, int64_t Hkv, int64_t D, int64_t kv_capacity, int dtype) {
-  check_arg(dtype == kFloat32 || dtype == kFloat16 || dtype == kBFloat16,
-            "dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)");
-  check_arg(B >= 0 && N >= 1 && Hkv >= 1 && Hq >= Hkv && Hq % Hkv == 0, "need B >= 0, N >= 1, Hq % Hkv == 0");
-  check_arg(D >= 1 && D <= kSimtMaxD, "the cuda backend supports head dims 1..256");
-  check_arg(kv_capacity >= N, "the KV cache must hold at least N positions per row");
-  // positions, page ids / slots and packed rows are 32-bit inside the kernels
-  check_arg(kv_capacity <= (int64_t{1} << 31) - 1 - kKeyAlign, "KV capacity must be < 2^31 - 64 positions");
-  check_arg(N * (Hq / Hkv) <= 0x7FFFFFFF && Hq <= 0x7FFFFFFF, "N * Hq / Hkv must fit in int32");
+TreeAttentionPlan legacy_plan(const plans::Plan& p) {
+  check_arg(p.ok(), p.refusal.c_str());
+  TreeAttentionPlan plan{};
+  plan.path = static_cast<int>(p.at("path"));
+  plan.block_m = static_cast<int>(p.at("block_m"));
+  plan.m_tiles = static_cast<int>(p.at("m_tiles"));
+  plan.splits = static_cast<int>(p.at("splits"));
+  plan.counter_bytes = static_cast<uint64_t>(p.at("counter_bytes"));
+  plan.partial_bytes = static_cast<uint64_t>(p.at("partial_bytes"));
+  return plan;
 }
 
 }  // namespace
 
 TreeAttentionPlan plan_tree_attention(int64_t B, int64_t N, int64_t Hq, int64_t Hkv, int64_t D,
                                       int64_t kv_capacity, int dtype, int sms, int ctas_per_sm) {
-  check_shapes(B, N, Hq, Hkv, D, kv_capacity, dtype);
-  TreeAttentionPlan plan{};
-  const int64_t M = N * (Hq / Hkv);
-  plan.path = has_mma_kernel(dtype, D) ? 1 : 0;
-  plan.block_m = block_m_for(dtype, D, M);
-  plan.m_tiles = static_cast<int>(ceil_div(M, plan.block_m));
-  // One wave of resident CTAs: split the rows' prefixes only as far as it
-  // takes to fill the GPU, and never into pieces shorter than kMinSplitKeys.
-  const int64_t base = std::max<int64_t>(B * Hkv * plan.m_tiles, 1);
-  const int64_t slots = static_cast<int64_t>(std::max(sms, 1)) * std::max(ctas_per_sm, 1);
-  const int64_t most = std::min<int64_t>(kMaxSplits, std::max<int64_t>(1, ceil_div(kv_capacity, kMinSplitKeys)));
-  plan.splits = static_cast<int>(std::clamp<int64_t>(slots / base, 1, most));
-  if (plan.splits > 1) {
-    const int64_t tiles = B * Hkv * plan.m_tiles;
-    plan.counter_bytes = static_cast<uint64_t>(tiles) * sizeof(unsigned int);
-    plan.partial_bytes = static_cast<uint64_t>(tiles) * plan.splits * plan.block_m * (D + 2) * sizeof(float);
-  }
-  return plan;
+  plans::DeviceLimits lim = plans::arch_limits(90);
+  lim.sms = std::max(sms, 1);
+  return legacy_plan(plans::plan_tree_attention(B, N, Hq, Hkv, D, kv_capacity, dtype, lim, std::max(ctas_per_sm, 1)));
 }
 
 namespace {
@@ -832,23 +820,27 @@ namespace {
 // The plan on the current device, and the kernel it runs (already given its
 // shared-memory attribute on this device).
 struct DevicePlan {
-  TreeAttentionPlan plan;
+  plans::Plan plan;
   KernelChoice kernel;
 };
 
+// A refused shape throws its reason (auto routes such shapes elsewhere first).
 DevicePlan plan_on_device(int64_t B, int64_t N, int64_t Hq, int64_t Hkv, int64_t D, int64_t kv_capacity,
                           int dtype) {
-  check_shapes(B, N, Hq, Hkv, D, kv_capacity, dtype);
-  const KernelChoice kernel = choose_kernel(dtype, D, block_m_for(dtype, D, N * (Hq / Hkv)));
-  const int per_sm = prepare_kernel(kernel);
-  return {plan_tree_attention(B, N, Hq, Hkv, D, kv_capacity, dtype, sm_count_of_current_device(), per_sm), kernel};
+  const plans::DeviceLimits lim = current_device_limits();
+  plans::Plan plan = plans::plan_tree_attention(B, N, Hq, Hkv, D, kv_capacity, dtype, lim);  // checks, refusals
+  check_arg(plan.ok(), plan.refusal.c_str());
+  const KernelChoice kernel = choose_kernel(dtype, D, static_cast<int>(plan.at("block_m")));
+  plan = plans::plan_tree_attention(B, N, Hq, Hkv, D, kv_capacity, dtype, lim, prepare_kernel(kernel));
+  check_arg(plan.ok(), plan.refusal.c_str());
+  return {plan, kernel};
 }
 
 }  // namespace
 
 TreeAttentionPlan tree_attention_plan_for_device(int64_t B, int64_t N, int64_t Hq, int64_t Hkv, int64_t D,
                                                  int64_t kv_capacity, int dtype) {
-  return plan_on_device(B, N, Hq, Hkv, D, kv_capacity, dtype).plan;
+  return legacy_plan(plan_on_device(B, N, Hq, Hkv, D, kv_capacity, dtype).plan);
 }
 
 void launch_tree_attention(const TreeAttentionArgs& a, void* counters, uint64_t counter_bytes, void* partials,
@@ -859,7 +851,7 @@ void launch_tree_attention(const TreeAttentionArgs& a, void* counters, uint64_t 
     check_arg(a.page_size >= 1 && a.page_size <= 0x7FFFFFFF && a.max_pages >= 1, "bad page_size / max_pages");
   }
   const DevicePlan chosen = plan_on_device(a.B, a.N, a.Hq, a.Hkv, a.D, capacity, a.dtype);
-  const TreeAttentionPlan& plan = chosen.plan;
+  const TreeAttentionPlan plan = legacy_plan(chosen.plan);
   if (a.B == 0) return;  // an empty grid is a launch error
   check_arg(a.q && a.k.data && a.v.data && a.seq_lens.data && a.out && a.lse, "null device pointer");
   check_arg(counter_bytes >= plan.counter_bytes && partial_bytes >= plan.partial_bytes,
@@ -867,8 +859,9 @@ void launch_tree_attention(const TreeAttentionArgs& a, void* counters, uint64_t 
   check_arg(plan.splits == 1 || (counters && partials), "null workspace");
   check_arg(reinterpret_cast<uintptr_t>(counters) % 4 == 0 && reinterpret_cast<uintptr_t>(partials) % 16 == 0,
             "workspace alignment");
-  const int64_t grid = a.B * a.Hkv * plan.splits * plan.m_tiles;
-  check_arg(grid <= 0x7FFFFFFF, "too many CTAs (B * Hkv * splits * m_tiles >= 2^31)");
+  const plans::Launch& l = chosen.plan.launches.at(0);
+  const KernelChoice& k = chosen.kernel;
+  if (l.block != k.threads || l.dynamic_smem != k.smem) throw std::logic_error("tree_attention: plan and kernel differ");
 
   Params p{};
   p.q = a.q;
@@ -908,10 +901,9 @@ void launch_tree_attention(const TreeAttentionArgs& a, void* counters, uint64_t 
   };
   p.kv_aligned16 = aligned(a.k) && aligned(a.v) ? 1 : 0;
 
-  const KernelChoice& k = chosen.kernel;
   void* kernel_args[] = {&p};
-  SPECDEC_CUDA_CHECK(cudaLaunchKernel(k.fn, dim3(static_cast<unsigned>(grid)), dim3(k.threads), kernel_args,
-                                      static_cast<size_t>(k.smem), stream));
+  SPECDEC_CUDA_CHECK(cudaLaunchKernel(k.fn, dim3(static_cast<unsigned>(l.grid[0])), dim3(l.block), kernel_args,
+                                      static_cast<size_t>(l.dynamic_smem), stream));
 }
 
 }  // namespace specdec

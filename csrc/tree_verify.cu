@@ -1,6 +1,6 @@
 // Verification of token trees (reference/tree_verify.py is the specification).
 //
-// tree_greedy_verify: grid (splits, N, B). Each block reduces one V-chunk of one
+// tree_greedy_verify: grid (B, N, splits). Each block reduces one V-chunk of one
 // node's logits to a packed (value, index) argmax key (common.cuh) and
 // atomicMax-es it into the zeroed workspace, exactly like greedy_verify.cu. The
 // last block to finish a batch row (per-row atomic counter) walks the tree from
@@ -51,8 +51,7 @@ __device__ __forceinline__ bool node_is_used(IndexMatrix parents, int64_t b, int
 constexpr int kArgmaxThreads = 256;
 using chain::chunk_argmax_key;
 using chain::key_to_token;
-using chain::plan_splits;
-using chain::SplitPlan;
+static_assert(kArgmaxThreads == plans::kVerifyThreads, "launch_plan.h mirrors the block size");
 
 template <typename T>
 __global__ void __launch_bounds__(kArgmaxThreads)
@@ -65,9 +64,9 @@ tree_greedy_verify_kernel(const T* __restrict__ logits, int64_t stride_b, int64_
   __shared__ bool is_last_block;
   __shared__ int64_t s_level;
 
-  const int split = blockIdx.x;
+  const int64_t b = blockIdx.x;
   const int node = blockIdx.y;
-  const int64_t b = blockIdx.z;
+  const int split = blockIdx.z;
   // Unused slots are never looked at: the whole block leaves together, before
   // any barrier, and is not counted below (every block of the row computes the
   // same used-node count from the same parents).
@@ -87,7 +86,7 @@ tree_greedy_verify_kernel(const T* __restrict__ logits, int64_t stride_b, int64_
     __threadfence();  // our key must be visible before we count ourselves done
     unsigned int used = 0;
     for (int i = 0; i < N; ++i) used += node_is_used(parents, b, i, N) ? 1u : 0u;
-    is_last_block = atomicAdd(&counters[b], 1u) == used * gridDim.x - 1u;
+    is_last_block = atomicAdd(&counters[b], 1u) == used * gridDim.z - 1u;
   }
   __syncthreads();
   if (!is_last_block) return;  // uniform: is_last_block is shared
@@ -414,14 +413,15 @@ template <typename T>
 void launch_greedy_typed(const void* logits, int64_t stride_b, int64_t stride_n,
                          IndexMatrix tree_tokens, IndexMatrix parents, int64_t* out_tokens,
                          int64_t* num_accepted, int64_t* accepted_nodes,
-                         unsigned long long* keys, unsigned int* counters, int64_t B, int64_t N,
-                         int64_t V, int64_t max_depth, SplitPlan plan, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(N),
-                  static_cast<unsigned>(B));
-  tree_greedy_verify_kernel<T><<<grid, kArgmaxThreads, 0, stream>>>(
+                         unsigned long long* keys, unsigned int* counters, int64_t N, int64_t V,
+                         int64_t max_depth, const plans::Plan& plan, cudaStream_t stream) {
+  const plans::Launch& l = plan.launches.at(0);
+  const dim3 grid(static_cast<unsigned>(l.grid[0]), static_cast<unsigned>(l.grid[1]),
+                  static_cast<unsigned>(l.grid[2]));
+  tree_greedy_verify_kernel<T><<<grid, l.block, l.dynamic_smem, stream>>>(
       static_cast<const T*>(logits), stride_b, stride_n, tree_tokens, parents, out_tokens,
       num_accepted, accepted_nodes, keys, counters, static_cast<int>(N), static_cast<int>(V),
-      plan.chunk, max_depth);
+      static_cast<int>(plan.at("chunk")), max_depth);
 }
 
 template <typename T>
@@ -453,9 +453,8 @@ void launch_tree_greedy_verify(const void* logits, int64_t stride_b, int64_t str
                                cudaStream_t stream) {
   const char* op = "tree_greedy_verify";
   check_common(op, B, N, max_depth, dtype);
-  // gridDim.y/z limits; V must leave 0xFFFFFFFF free as the "no element" index.
-  check_arg(B <= 65535 && N <= 65535, op, "B and N must be <= 65535");
-  check_arg(V >= 1 && V < 0x7FFFFFFF, op, "V must be in [1, 2^31 - 1)");
+  const plans::Plan plan = plans::plan_tree_greedy_verify(B, N, V, current_device_limits());
+  check_arg(plan.ok(), op, plan.refusal.c_str());
   if (B == 0) return;  // launching an empty grid is an error
   check_arg(logits && tree_tokens.data && parents.data && out_tokens && num_accepted &&
                 accepted_nodes && workspace,
@@ -464,22 +463,21 @@ void launch_tree_greedy_verify(const void* logits, int64_t stride_b, int64_t str
 
   auto* keys = static_cast<unsigned long long*>(workspace);
   auto* counters = reinterpret_cast<unsigned int*>(keys + B * N);
-  const SplitPlan plan = plan_splits(B * N, V, sm_count_of_current_device());
   switch (dtype) {
     case kFloat32:
       launch_greedy_typed<float>(logits, stride_b, stride_n, tree_tokens, parents, out_tokens,
-                                 num_accepted, accepted_nodes, keys, counters, B, N, V, max_depth,
-                                 plan, stream);
+                                 num_accepted, accepted_nodes, keys, counters, N, V, max_depth, plan,
+                                 stream);
       break;
     case kFloat16:
       launch_greedy_typed<__half>(logits, stride_b, stride_n, tree_tokens, parents, out_tokens,
-                                  num_accepted, accepted_nodes, keys, counters, B, N, V, max_depth,
-                                  plan, stream);
+                                  num_accepted, accepted_nodes, keys, counters, N, V, max_depth, plan,
+                                  stream);
       break;
     default:
       launch_greedy_typed<__nv_bfloat16>(logits, stride_b, stride_n, tree_tokens, parents,
                                          out_tokens, num_accepted, accepted_nodes, keys, counters,
-                                         B, N, V, max_depth, plan, stream);
+                                         N, V, max_depth, plan, stream);
       break;
   }
   SPECDEC_CUDA_CHECK(cudaGetLastError());

@@ -429,7 +429,7 @@ def test_bad_arguments_raise():
 
     for bad, message in ((dict(dtype=9), "dtype"), (dict(V=0), "V must be"), (dict(top_beta=0), "top_beta"),
                          (dict(tau=-1.0), "tau"), (dict(tau=NAN), "tau"), (dict(workspace_bytes=8), "workspace"),
-                         (dict(B=70000), "65535"), (dict(logits=0), "null")):
+                         (dict(G=65535), "65535"), (dict(logits=0), "null")):
         with pytest.raises(ValueError, match=message):
             relaxed(**bad)
     with pytest.raises(ValueError, match="rollback_threshold"):

@@ -1,6 +1,8 @@
 """Host-side pieces every CUDA launcher shares: raw pointers, dtype codes, the stream.
 The zeroed per-stream workspaces live in `specdec_kernels.common.workspace` (shared with triton/)."""
 
+import functools
+
 import torch
 
 from ..common import cuda_module as _cuda_module
@@ -29,3 +31,33 @@ def on_device(device: torch.device):
 def pointer(tensor: torch.Tensor | None) -> int:
     """Device address of a tensor, or 0 for an absent optional input."""
     return 0 if tensor is None else tensor.data_ptr()
+
+
+# ---------------------------------------------------------------------------- launch plans
+# Each CUDA backend registers `limits` that ask `_C`'s launch plan (csrc/launch_plan.h: the
+# same function its launcher launches) whether the kernels can serve a call's sizes on the
+# current device, so that backend="auto" moves a shape they cannot serve to triton / torch
+# instead of into a launch error.
+
+@functools.lru_cache(maxsize=4096)
+def _device_plan_cached(device_index: int, kernel: str, items: tuple) -> dict:
+    with torch.cuda.device(device_index):
+        return library().device_launch_plan(kernel, dict(items))
+
+
+def device_plan(kernel: str, sizes: dict) -> dict:
+    """`_C`'s launch plan of `kernel` for `sizes` on the current CUDA device (cached per device)."""
+    return _device_plan_cached(torch.cuda.current_device(), kernel, tuple(sorted(sizes.items())))
+
+
+def plan_limits(kernel: str, plan_sizes):
+    """A registry `limits(sizes)` for a CUDA backend: `plan_sizes(op sizes)` gives the sizes of
+    `kernel`'s launch plan (None: nothing to check); the answer is the plan's refusal or None."""
+    def limits(sizes: dict) -> str | None:
+        lib = library()
+        wanted = plan_sizes(sizes)
+        if lib is None or not hasattr(lib, "device_launch_plan") or wanted is None:
+            return None
+        return device_plan(kernel, wanted)["refusal"]  # looked up at call time: tests plan on sm_80 / sm_90
+
+    return limits

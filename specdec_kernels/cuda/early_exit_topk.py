@@ -6,7 +6,8 @@ import torch
 
 from ..common.registry import register
 from ..common.workspace import zeroed_workspace
-from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle
+from ..common.limits import FUSED_MAX_K
+from ._launch import DTYPE_CODES, library, on_device, pointer, plan_limits, stream_handle
 
 NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
 
@@ -38,4 +39,11 @@ def early_exit_topk(hidden, norm_weight, lm_head_weight, k: int, *, eps: float, 
     return values, indices
 
 
-register("early_exit_topk", "cuda", early_exit_topk)
+def _plan_sizes(sizes):
+    """k beyond FUSED_MAX_K runs on the torch path whatever the backend: nothing to check."""
+    if sizes["k"] > FUSED_MAX_K:
+        return None
+    return dict(B=sizes["B"], H=sizes["H"], V=sizes["V"], k=sizes["k"])
+
+
+register("early_exit_topk", "cuda", early_exit_topk, limits=plan_limits("early_exit_topk", _plan_sizes))

@@ -2,7 +2,7 @@
 
 from ..common.registry import register
 from ..common.workspace import zeroed_workspace
-from ._launch import DTYPE_CODES, chain_outputs, on_device, library, pointer, stream_handle
+from ._launch import DTYPE_CODES, chain_outputs, library, on_device, plan_limits, pointer, stream_handle
 
 
 def greedy_verify(target_logits, draft_tokens, *, num_draft_tokens=None):
@@ -22,4 +22,5 @@ def greedy_verify(target_logits, draft_tokens, *, num_draft_tokens=None):
     return out_tokens, num_accepted
 
 
-register("greedy_verify", "cuda", greedy_verify)
+register("greedy_verify", "cuda", greedy_verify,
+         limits=plan_limits("greedy_verify", lambda s: dict(B=s["B"], G=s["G"], V=s["V"])))

@@ -6,7 +6,7 @@ import torch
 
 from ..common.registry import register
 from ..common.kv_layout import cache_layout
-from ._launch import library, on_device, pointer, stream_handle
+from ._launch import library, on_device, plan_limits, pointer, stream_handle
 
 
 def kv_compact(k_caches, v_caches, seq_lens, accepted_nodes):
@@ -30,4 +30,13 @@ def kv_compact(k_caches, v_caches, seq_lens, accepted_nodes):
     return new_lens
 
 
-register("kv_compact", "cuda", kv_compact)
+def _plan_sizes(sizes):
+    """vector_bytes is only known from the cache addresses: plan for the narrowest (most CTAs)."""
+    if "Hkv" not in sizes:  # no layers: lengths only
+        return dict(B=sizes["B"], L=0)
+    elem_size = torch.empty((), dtype=sizes["dtype"]).element_size()
+    return dict(B=sizes["B"], L=sizes["L"], Hkv=sizes["Hkv"], S_max=sizes["S_max"], D=sizes["D"],
+                elem_size=elem_size, vector_bytes=2)
+
+
+register("kv_compact", "cuda", kv_compact, limits=plan_limits("kv_compact", _plan_sizes))

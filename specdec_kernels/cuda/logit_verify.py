@@ -8,7 +8,7 @@ import torch
 
 from ..common.registry import register
 from ..common.workspace import zeroed_workspace
-from ._launch import DTYPE_CODES, chain_outputs, library, on_device, pointer, stream_handle
+from ._launch import DTYPE_CODES, chain_outputs, library, on_device, plan_limits, pointer, stream_handle
 
 
 def _float32(value: float) -> float:
@@ -77,6 +77,7 @@ def max_prob(logits):
     return out
 
 
-register("relaxed_verify", "cuda", relaxed_verify)
-register("bild_verify", "cuda", bild_verify)
-register("max_prob", "cuda", max_prob)
+_chain_limits = plan_limits("logit_verify", lambda s: dict(B=s["B"], G=s["G"], V=s["V"]))
+register("relaxed_verify", "cuda", relaxed_verify, limits=_chain_limits)
+register("bild_verify", "cuda", bild_verify, limits=_chain_limits)
+register("max_prob", "cuda", max_prob, limits=plan_limits("max_prob", lambda s: dict(R=s["R"], V=s["V"])))

@@ -3,19 +3,15 @@
 The wrapper only makes the small per-row inputs contiguous (draft ids, counts, uniforms,
 seeds, offsets), allocates the outputs and takes the per-stream zeroed workspace, which the
 kernel leaves zeroed. The probability tensors are passed as they are (any strides for the
-first two dims, last dim contiguous).
+first two dims, last dim contiguous). Shapes the kernels cannot serve (G > 2047 logits drafts,
+V >= 2^23) are refused by the launch plan's `limits`, so `auto` runs them elsewhere.
 """
 
 import torch
 
-from .. import reference
 from ..common.registry import register
 from ..common.workspace import zeroed_workspace
-from ._launch import DTYPE_CODES, chain_outputs, library, on_device, pointer, stream_handle
-
-
-MAX_LOGITS_DRAFTS = 2047  # csrc/rejection_sample.cu: kMaxLogitsDrafts
-MAX_BATCH = 65535  # a grid dimension; larger batches run on the reference
+from ._launch import DTYPE_CODES, chain_outputs, library, on_device, plan_limits, pointer, stream_handle
 
 
 def _contiguous(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -38,9 +34,6 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, *, uniforms=None, 
     batch, g = draft_tokens.shape
     vocab = target_probs.shape[-1]
     device = draft_tokens.device
-    if batch > MAX_BATCH:
-        return reference.rejection_sample(target_probs, draft_probs, draft_tokens, uniforms=uniforms, seed=seed,
-                                          offsets=offsets, num_draft_tokens=num_draft_tokens)
     out_tokens, num_accepted = chain_outputs(draft_tokens)
     if batch == 0:
         return out_tokens, num_accepted
@@ -59,7 +52,8 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, *, uniforms=None, 
     return out_tokens, num_accepted
 
 
-register("rejection_sample", "cuda", rejection_sample)
+register("rejection_sample", "cuda", rejection_sample,
+         limits=plan_limits("rejection_sample", lambda s: dict(B=s["B"], G=s["G"], V=s["V"])))
 
 
 def rejection_sample_logits(target_logits, draft_logits, draft_tokens, *, temperature=1.0, uniforms=None, seed=None,
@@ -72,10 +66,6 @@ def rejection_sample_logits(target_logits, draft_logits, draft_tokens, *, temper
     lib = library()
     batch, g = draft_tokens.shape
     vocab = target_logits.shape[-1]
-    if g > MAX_LOGITS_DRAFTS or batch > MAX_BATCH:  # 2g+1 softmax statistics live in shared memory
-        return reference.rejection_sample_logits(target_logits, draft_logits, draft_tokens, temperature=temperature,
-                                                 uniforms=uniforms, seed=seed, offsets=offsets,
-                                                 num_draft_tokens=num_draft_tokens)
     device = draft_tokens.device
     out_tokens, num_accepted = chain_outputs(draft_tokens)
     if batch == 0:
@@ -99,4 +89,5 @@ def rejection_sample_logits(target_logits, draft_logits, draft_tokens, *, temper
     return out_tokens, num_accepted
 
 
-register("rejection_sample_logits", "cuda", rejection_sample_logits)
+register("rejection_sample_logits", "cuda", rejection_sample_logits,
+         limits=plan_limits("rejection_sample_logits", lambda s: dict(B=s["B"], G=s["G"], V=s["V"])))

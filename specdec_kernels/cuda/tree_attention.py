@@ -12,7 +12,7 @@ import torch
 
 from ..common.registry import register
 from ..common.workspace import zeroed_workspace
-from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle
+from ._launch import DTYPE_CODES, library, on_device, plan_limits, pointer, stream_handle
 
 
 def _index(t: torch.Tensor | None) -> tuple[int, bool, int, int]:
@@ -57,4 +57,9 @@ def tree_attention(q, k_cache, v_cache, seq_lens, parents, block_table=None, *, 
     return out, lse
 
 
-register("tree_attention", "cuda", tree_attention)
+def _plan_sizes(sizes):
+    return dict(B=sizes["B"], N=sizes["N"], Hq=sizes["Hq"], Hkv=sizes["Hkv"], D=sizes["D"],
+                capacity=sizes["capacity"], dtype=DTYPE_CODES[sizes["dtype"]])
+
+
+register("tree_attention", "cuda", tree_attention, limits=plan_limits("tree_attention", _plan_sizes))

@@ -5,7 +5,7 @@ import torch
 
 from ..common.registry import register
 from ..common.workspace import zeroed_workspace
-from ._launch import DTYPE_CODES, library, on_device, pointer, stream_handle, tree_outputs
+from ._launch import DTYPE_CODES, library, on_device, plan_limits, pointer, stream_handle, tree_outputs
 
 
 def tree_greedy_verify(target_logits, tree_tokens, parents, *, max_depth: int):
@@ -49,5 +49,8 @@ def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, ma
     return out_tokens, num_accepted, accepted_nodes
 
 
-register("tree_greedy_verify", "cuda", tree_greedy_verify)
-register("tree_rejection_sample", "cuda", tree_rejection_sample)
+register("tree_greedy_verify", "cuda", tree_greedy_verify,
+         limits=plan_limits("tree_greedy_verify", lambda s: dict(B=s["B"], N=s["N"], V=s["V"])))
+# One CTA per batch row (grid x); the fixed-point totals stay exact only below 2^23 tokens.
+register("tree_rejection_sample", "cuda", tree_rejection_sample,
+         limits=lambda s: "V >= 2^23 (fixed-point totals stay exact below)" if s["V"] >= 2**23 else None)

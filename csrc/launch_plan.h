@@ -1,0 +1,144 @@
+#pragma once
+// Launch plans: for every CUDA kernel, ONE pure host function turns the call's sizes
+// and a device-limits struct into the grid, block, static + dynamic shared memory,
+// whether the > 48 KiB opt-in is needed, or a one-line refusal. The launchers launch
+// exactly the plan these functions return (on the current device's limits), and the
+// CPU tests call the same functions through _C.launch_plan on the sm_80 / sm_90
+// tables over the whole shape space the public ops accept (tests/test_cuda_launch_plans.py).
+//
+// Host-only C++ (no CUDA headers): launch_plans.cpp builds with the host compiler, so
+// a plan change rebuilds one small file. The kernels' static shared memory is mirrored
+// here as constants (the host cannot see a kernel's __shared__ declarations); the test
+// cross-checks every constant against cuobjdump's SHARED of the compiled kernels.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace specdec {
+namespace plans {
+
+// What a launch may use on one device.
+struct DeviceLimits {
+  int arch;                    // 80, 90, ... (major * 10 + minor)
+  int sms;                     // multiprocessors
+  int smem_per_block;          // static + dynamic without the opt-in (48 KiB)
+  int smem_per_block_optin;    // static + dynamic with the opt-in
+  int smem_per_sm;             // usable by CTAs on one SM
+  int reserved_smem_per_block; // the runtime's share of each CTA (counts against smem_per_sm)
+  int regs_per_sm;
+  int regs_per_block;
+  int threads_per_block;
+  int threads_per_sm;
+  int64_t grid_x;              // 2^31 - 1
+  int64_t grid_yz;             // 65535
+};
+
+// The published limits of sm_80 (A100: 108 SMs) and sm_90 (H100 SXM: 132 SMs);
+// throws std::invalid_argument for another arch.
+DeviceLimits arch_limits(int arch);
+
+// One kernel launch. `kernel` is the kernel's name as it appears in cuobjdump.
+struct Launch {
+  std::string kernel;
+  int64_t grid[3];
+  int block;
+  int static_smem;    // the kernel's __shared__ declarations (mirror, checked against cuobjdump)
+  int64_t dynamic_smem;
+  bool opt_in;        // static + dynamic > smem_per_block: raise the kernel's dynamic limit first
+};
+
+// A call's launches (in order), or why the CUDA backend cannot serve it.
+struct Plan {
+  std::string refusal;                    // empty: launch `launches`
+  std::vector<Launch> launches;
+  std::map<std::string, int64_t> values;  // kernel parameters the launcher passes (splits, chunk, ...)
+  bool ok() const { return refusal.empty(); }
+  int64_t at(const char* key) const { return values.at(key); }
+};
+
+// The >48 KiB opt-in rule: the runtime refuses a launch whose static + dynamic shared
+// memory exceeds smem_per_block unless cudaFuncAttributeMaxDynamicSharedMemorySize was
+// raised to >= dynamic, and static + that attribute must stay <= smem_per_block_optin.
+bool needs_opt_in(int static_smem, int64_t dynamic_smem, const DeviceLimits& lim);
+
+// ---------------------------------------------------------------------------
+// Kernel shapes shared by the kernels (static_assert-ed there) and the plans.
+// ---------------------------------------------------------------------------
+constexpr int kVerifyThreads = 256;           // greedy / logit / tree-greedy verify, max_prob
+constexpr int kRejectionThreads = 256;        // rejection_sample (probs and logits)
+constexpr int kKvCompactMaxThreads = 256;
+constexpr int kEarlyExitWarps = 8;            // early_exit_split_kernel
+constexpr int kEarlyExitRowsPerCta = 8;       // most batch rows one split CTA multiplies
+constexpr int kEarlyExitMaxK = 16;
+constexpr int kEarlyExitMergeThreads = 256;
+constexpr int kRejectionMaxLogitsDrafts = 2047;
+constexpr int64_t kRejectionMaxVocab = int64_t{1} << 23;
+constexpr int kTreeAttentionStages = 3;       // K/V tiles in flight per MMA CTA
+constexpr int kTreeAttentionBlockN = 64;      // keys per MMA K/V tile
+constexpr int kTreeAttentionSimtRows = 16;    // packed rows per SIMT CTA
+constexpr int kTreeAttentionSimtKeys = 16;    // keys per SIMT tile
+constexpr int kTreeAttentionSimtThreads = 128;
+constexpr int kTreeAttentionSimtMaxD = 256;
+
+// Static shared memory of each kernel, in bytes, as the compiler lays out its
+// __shared__ declarations (sm_80; cuobjdump adds the 1 KiB reserved block on sm_90).
+// greedy_verify / tree_greedy_verify: u64 warp_scratch[8], bool, int, int64 = 64 + 1 (+3) + 4 + 8.
+constexpr int kGreedyVerifyStaticSmem = 80;
+constexpr int kTreeGreedyVerifyStaticSmem = 80;
+// logit_verify: BlockScratch (u64[8] + u32[8] + MaxSum[8] = 160), bool (+3), int, int64.
+constexpr int kLogitVerifyStaticSmem = 176;
+// max_prob: BlockScratch, bool.
+constexpr int kMaxProbStaticSmem = 161;
+// rejection_sample: i64 sum[8][2], i64 scan[8], int, bool (+3), i64 x3 = 128 + 64 + 8 + 24.
+constexpr int kRejectionSampleStaticSmem = 224;
+// rejection_sample_logits: f32 m[8], s[8], i64 sum[8][2], scan[8], int, bool (+3), i64.
+constexpr int kRejectionSampleLogitsStaticSmem = 272;
+// tree_attention (both kernels): bool s_last, padded to the 128-byte alignment of the
+// dynamic buffer that follows it.
+constexpr int kTreeAttentionStaticSmem = 128;
+// kv_compact: i64 s_src[256], int s_first, s_last.
+constexpr int kKvCompactStaticSmem = 8 * kKvCompactMaxThreads + 8;
+// early_exit_split_kernel: u64 kept[warps][rows per CTA][max k].
+constexpr int kEarlyExitSplitStaticSmem = 8 * kEarlyExitWarps * kEarlyExitRowsPerCta * kEarlyExitMaxK;
+// early_exit_merge_kernel: u64 scratch[8], u64 winner: 72 B, laid out in 80 (cuobjdump;
+// the compiler pads one of the two to 16-byte alignment).
+constexpr int kEarlyExitMergeStaticSmem = 80;
+
+// ---------------------------------------------------------------------------
+// Plans. dtype: 0 float32, 1 float16, 2 bfloat16. Arguments outside what the op
+// accepts at all throw std::invalid_argument naming the argument; shapes the op
+// accepts but these kernels cannot launch come back refused.
+// ---------------------------------------------------------------------------
+
+// Split-V chunking of the verify kernels (chain_common.cuh): ~4 CTAs per SM over all
+// rows, never below 4096 elements per CTA; every CTA owns >= 1 element.
+struct SplitPlan {
+  int splits;
+  int chunk;
+};
+SplitPlan chain_splits(int64_t rows, int64_t V, int sms);
+
+Plan plan_greedy_verify(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim);
+Plan plan_logit_verify(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim);  // relaxed and bild
+Plan plan_max_prob(int64_t R, int64_t V, const DeviceLimits& lim);
+Plan plan_tree_greedy_verify(int64_t B, int64_t N, int64_t V, const DeviceLimits& lim);
+// Workspace slots per batch row of the rejection kernels: the most splits any device plans.
+int64_t rejection_max_splits(int64_t V);
+Plan plan_rejection_sample(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim);
+Plan plan_rejection_sample_logits(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim);
+// vector_bytes: the widest access the caches allow (2 is the worst case: most columns).
+Plan plan_kv_compact(int64_t B, int64_t num_layers, int64_t heads, int64_t seq_capacity, int64_t head_dim,
+                     int64_t elem_size, int64_t vector_bytes, const DeviceLimits& lim);
+// ctas_per_sm_hint: CTAs per SM of the split kernel (the device's occupancy query on a
+// GPU); <= 0 estimates it from the limits.
+Plan plan_early_exit_topk(int64_t B, int64_t H, int64_t V, int64_t k, const DeviceLimits& lim,
+                          int ctas_per_sm_hint = 0);
+// ctas_per_sm: CTAs of the chosen kernel per SM (occupancy query on a GPU); <= 0
+// estimates it from the limits and the kernel's __launch_bounds__.
+Plan plan_tree_attention(int64_t B, int64_t N, int64_t Hq, int64_t Hkv, int64_t D, int64_t kv_capacity,
+                         int dtype, const DeviceLimits& lim, int ctas_per_sm = 0);
+
+}  // namespace plans
+}  // namespace specdec

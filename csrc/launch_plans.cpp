@@ -1,0 +1,338 @@
+// The launch plans of every CUDA kernel (launch_plan.h): pure host functions of the
+// sizes and a DeviceLimits, shared by the launchers (current device) and the CPU
+// tests (sm_80 / sm_90 tables, through bind_launch_plans.cpp).
+
+#include "launch_plan.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "early_exit_math.cuh"
+#include "tree_attention_math.cuh"
+
+namespace specdec {
+namespace plans {
+
+namespace {
+
+constexpr int64_t kInt32Max = 0x7FFFFFFF;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void require(bool ok, const std::string& op, const std::string& what) {
+  if (!ok) throw std::invalid_argument("specdec_kernels." + op + ": " + what);
+}
+
+Plan refused(const std::string& why) {
+  Plan p;
+  p.refusal = why;
+  return p;
+}
+
+// A launch of `kernel`, with the opt-in decided by the one rule, or the first limit it breaks.
+std::string add_launch(Plan& plan, const std::string& kernel, int64_t gx, int64_t gy, int64_t gz, int block,
+                       int static_smem, int64_t dynamic_smem, const DeviceLimits& lim) {
+  if (gx > lim.grid_x) return kernel + ": grid x " + std::to_string(gx) + " > " + std::to_string(lim.grid_x);
+  if (gy > lim.grid_yz || gz > lim.grid_yz) {
+    return kernel + ": grid y/z " + std::to_string(std::max(gy, gz)) + " > " + std::to_string(lim.grid_yz);
+  }
+  if (block > lim.threads_per_block) return kernel + ": block of " + std::to_string(block) + " threads";
+  if (static_smem + dynamic_smem > lim.smem_per_block_optin) {
+    return kernel + ": " + std::to_string(static_smem + dynamic_smem) + " B of shared memory > the device's " +
+           std::to_string(lim.smem_per_block_optin);
+  }
+  plan.launches.push_back(
+      {kernel, {gx, gy, gz}, block, static_smem, dynamic_smem, needs_opt_in(static_smem, dynamic_smem, lim)});
+  return "";
+}
+
+// Finishes a plan: a launch that breaks a limit refuses the whole call.
+Plan& check(Plan& plan, const std::string& broken) {
+  if (!broken.empty()) {
+    plan.launches.clear();
+    plan.refusal = broken;
+  }
+  return plan;
+}
+
+void require_chain(const char* op, int64_t B, int64_t G) { require(B >= 0 && G >= 0, op, "B and G must be >= 0"); }
+
+// V must leave 0xFFFFFFFF free as the verify kernels' "no element" index, and fit int32.
+std::string vocab_refusal(int64_t V) { return V >= kInt32Max ? "V >= 2^31 - 1" : ""; }
+
+}  // namespace
+
+DeviceLimits arch_limits(int arch) {
+  DeviceLimits lim{};
+  lim.arch = arch;
+  lim.smem_per_block = 48 * 1024;
+  lim.reserved_smem_per_block = 1024;
+  lim.regs_per_sm = 65536;
+  lim.regs_per_block = 65536;
+  lim.threads_per_block = 1024;
+  lim.threads_per_sm = 2048;
+  lim.grid_x = kInt32Max;
+  lim.grid_yz = 65535;
+  if (arch == 80) {  // A100
+    lim.sms = 108;
+    lim.smem_per_block_optin = 166912;  // 163 KiB
+    lim.smem_per_sm = 167936;
+  } else if (arch == 90) {  // H100 SXM
+    lim.sms = 132;
+    lim.smem_per_block_optin = 232448;  // 227 KiB
+    lim.smem_per_sm = 233472;
+  } else {
+    throw std::invalid_argument("launch_plan: arch must be 80 or 90 (got " + std::to_string(arch) + ")");
+  }
+  return lim;
+}
+
+bool needs_opt_in(int static_smem, int64_t dynamic_smem, const DeviceLimits& lim) {
+  return static_smem + dynamic_smem > lim.smem_per_block;
+}
+
+SplitPlan chain_splits(int64_t rows, int64_t V, int sms) {
+  constexpr int64_t kChunkAlign = 8, kMinChunk = 4096, kBlocksPerSM = 4;
+  int64_t splits = ceil_div(kBlocksPerSM * std::max(sms, 1), std::max<int64_t>(rows, 1));
+  splits = std::max<int64_t>(1, std::min(splits, V / kMinChunk));
+  const int64_t chunk = ceil_div(ceil_div(V, splits), kChunkAlign) * kChunkAlign;
+  return {static_cast<int>(ceil_div(V, chunk)), static_cast<int>(chunk)};
+}
+
+// ---------------------------------------------------------------------------
+// Split-V verification: grid (B, rows per batch row, splits). B rides in grid x
+// (up to 2^31 - 1); splits <= 4 CTAs per SM stay far below the 65535 of grid z.
+// ---------------------------------------------------------------------------
+namespace {
+
+Plan plan_split_v(const char* kernel, int64_t B, int64_t per_row, int64_t V, int static_smem, int64_t dynamic_smem,
+                  const DeviceLimits& lim) {
+  Plan plan;
+  if (const std::string why = vocab_refusal(V); !why.empty()) return refused(why);
+  if (per_row > lim.grid_yz) return refused(std::string(kernel) + ": " + std::to_string(per_row) + " rows per batch row > 65535 (grid y)");
+  if (B == 0) return plan;  // nothing to launch
+  const SplitPlan s = chain_splits(B * per_row, V, lim.sms);
+  plan.values = {{"splits", s.splits}, {"chunk", s.chunk}};
+  return check(plan, add_launch(plan, kernel, B, per_row, s.splits, kVerifyThreads, static_smem, dynamic_smem, lim));
+}
+
+}  // namespace
+
+Plan plan_greedy_verify(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim) {
+  require_chain("greedy_verify", B, G);
+  require(V >= 1, "greedy_verify", "V must be >= 1");
+  return plan_split_v("greedy_verify_kernel", B, G + 1, V, kGreedyVerifyStaticSmem, 0, lim);
+}
+
+Plan plan_logit_verify(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim) {
+  require_chain("logit_verify", B, G);
+  require(V >= 1, "logit_verify", "V must be >= 1");
+  return plan_split_v("logit_verify_kernel", B, G + 1, V, kLogitVerifyStaticSmem, 0, lim);
+}
+
+Plan plan_tree_greedy_verify(int64_t B, int64_t N, int64_t V, const DeviceLimits& lim) {
+  require(B >= 0 && N >= 1, "tree_greedy_verify", "need B >= 0 and N >= 1");
+  require(V >= 1, "tree_greedy_verify", "V must be >= 1");
+  return plan_split_v("tree_greedy_verify_kernel", B, N, V, kTreeGreedyVerifyStaticSmem, 0, lim);
+}
+
+Plan plan_max_prob(int64_t R, int64_t V, const DeviceLimits& lim) {
+  require(R >= 0, "max_prob", "R must be >= 0");
+  require(V >= 1, "max_prob", "V must be >= 1");
+  Plan plan;
+  if (const std::string why = vocab_refusal(V); !why.empty()) return refused(why);
+  if (R == 0) return plan;
+  const SplitPlan s = chain_splits(R, V, lim.sms);
+  plan.values = {{"splits", s.splits}, {"chunk", s.chunk}};
+  // one CTA per (row, split) in grid x
+  if (R > lim.grid_x / s.splits) return refused("max_prob: R * splits > 2^31 - 1");
+  return check(plan, add_launch(plan, "max_prob_kernel", R * s.splits, 1, 1, kVerifyThreads, kMaxProbStaticSmem, 0,
+                                lim));
+}
+
+// ---------------------------------------------------------------------------
+// rejection_sample: grid (B, splits) and (B, 2G + 1, splits)
+// ---------------------------------------------------------------------------
+int64_t rejection_max_splits(int64_t V) { return ceil_div(V, 2048); }
+
+namespace {
+
+// ~4 CTAs per SM over all rows, chunks of 2048..8192 elements (one chunk for a smaller
+// V); splits <= rejection_max_splits(V), and every CTA owns at least one element.
+SplitPlan rejection_splits(int64_t rows, int64_t V, int sms) {
+  constexpr int64_t kChunkAlign = 8, kMinChunk = 2048, kMaxChunk = 8192, kBlocksPerSM = 4;
+  int64_t splits = ceil_div(kBlocksPerSM * std::max(sms, 1), std::max<int64_t>(rows, 1));
+  splits = std::min(splits, std::max<int64_t>(1, V / kMinChunk));
+  splits = std::max(splits, ceil_div(V, kMaxChunk));
+  const int64_t chunk = ceil_div(ceil_div(V, splits), kChunkAlign) * kChunkAlign;
+  return {static_cast<int>(ceil_div(V, chunk)), static_cast<int>(chunk)};
+}
+
+std::string rejection_refusal(int64_t G, int64_t V) {
+  if (V >= kRejectionMaxVocab) return "V >= 2^23 (fixed-point totals stay exact below)";
+  if (G > (1 << 20)) return "G > 2^20";
+  return "";
+}
+
+}  // namespace
+
+Plan plan_rejection_sample(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim) {
+  require_chain("rejection_sample", B, G);
+  require(V >= 1, "rejection_sample", "V must be >= 1");
+  if (const std::string why = rejection_refusal(G, V); !why.empty()) return refused(why);
+  Plan plan;
+  if (B == 0) return plan;
+  const SplitPlan s = rejection_splits(B, V, lim.sms);
+  plan.values = {{"splits", s.splits}, {"chunk", s.chunk}, {"ws_stride", rejection_max_splits(V)}};
+  return check(plan, add_launch(plan, "rejection_sample_kernel", B, s.splits, 1, kRejectionThreads,
+                                kRejectionSampleStaticSmem, 0, lim));
+}
+
+Plan plan_rejection_sample_logits(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim) {
+  require_chain("rejection_sample_logits", B, G);
+  require(V >= 1, "rejection_sample_logits", "V must be >= 1");
+  if (const std::string why = rejection_refusal(G, V); !why.empty()) return refused(why);
+  // 2G + 1 merged (max, sum) pairs per row in dynamic shared memory, below 48 KiB
+  if (G > kRejectionMaxLogitsDrafts) return refused("G > 2047 (per-row statistics in shared memory)");
+  Plan plan;
+  if (B == 0) return plan;
+  const SplitPlan s = rejection_splits(B * (2 * G + 1), V, lim.sms);
+  plan.values = {{"splits", s.splits}, {"chunk", s.chunk}, {"ws_stride", rejection_max_splits(V)}};
+  return check(plan, add_launch(plan, "rejection_sample_logits_kernel", B, 2 * G + 1, s.splits, kRejectionThreads,
+                                kRejectionSampleLogitsStaticSmem, (2 * G + 1) * 8, lim));
+}
+
+// ---------------------------------------------------------------------------
+// kv_compact: grid (B * column blocks, 2 * layers); threads shrink while too few CTAs
+// would spread over the GPU (small B: a few layers x heads per CTA is latency-bound).
+// ---------------------------------------------------------------------------
+Plan plan_kv_compact(int64_t B, int64_t num_layers, int64_t heads, int64_t seq_capacity, int64_t head_dim,
+                     int64_t elem_size, int64_t vector_bytes, const DeviceLimits& lim) {
+  const char* op = "kv_compact";
+  require(B >= 0 && num_layers >= 0 && heads >= 0 && seq_capacity >= 0 && head_dim >= 0, op,
+          "B, layers, heads, S_max and D must be >= 0");
+  require(elem_size == 2 || elem_size == 4, op, "elem_size must be 2 or 4 bytes");
+  const int64_t v = vector_bytes;
+  require(v == 2 || v == 4 || v == 8 || v == 16, op, "vector_bytes must be 2, 4, 8 or 16");
+  require((head_dim * elem_size) % v == 0, op, "vector_bytes must divide head_dim * elem_size");
+  if (heads == 0 || head_dim == 0 || seq_capacity == 0) num_layers = 0;  // lengths only
+  if (2 * num_layers > lim.grid_yz) return refused("2 * layers > 65535");
+  Plan plan;
+  if (B == 0) return plan;
+  const int64_t columns = heads * (head_dim * elem_size / v);
+  const int64_t num_caches = std::max<int64_t>(2 * num_layers, 1);
+  int64_t threads = std::min<int64_t>(kKvCompactMaxThreads, std::max<int64_t>(32, ceil_div(columns, 32) * 32));
+  const int64_t wanted_blocks = 2 * static_cast<int64_t>(lim.sms);
+  while (threads > 32 && B * num_caches * ceil_div(columns, threads) < wanted_blocks) threads /= 2;
+  const int64_t column_blocks = std::max<int64_t>(1, ceil_div(columns, threads));
+  if (column_blocks > lim.grid_x / B) return refused("B * column blocks > 2^31 - 1");
+  plan.values = {{"column_blocks", column_blocks}, {"num_layers", num_layers}};
+  return check(plan, add_launch(plan, "kv_compact_kernel", B * column_blocks, num_caches, 1, static_cast<int>(threads),
+                                kKvCompactStaticSmem, 0, lim));
+}
+
+// ---------------------------------------------------------------------------
+// early_exit_topk: split kernel (row groups, splits) + merge kernel (B).
+// ---------------------------------------------------------------------------
+Plan plan_early_exit_topk(int64_t B, int64_t H, int64_t V, int64_t k, const DeviceLimits& lim,
+                          int ctas_per_sm_hint) {
+  const char* op = "early_exit_topk";
+  require(B >= 0 && H >= 1 && V >= 1, op, "need B >= 0, H >= 1 and V >= 1");
+  require(k >= 1 && k <= kEarlyExitMaxK && k <= V, op, "k must be in [1, min(16, V)] (larger k: the torch path)");
+  if (V >= kInt32Max) return refused("V >= 2^31 - 1");
+  // The CTA's normalised rows live in dynamic shared memory next to the static kept
+  // sets: as many rows (<= 8) as the device's opt-in maximum holds.
+  const int64_t row_bytes = H * static_cast<int64_t>(sizeof(float));
+  const int64_t room = lim.smem_per_block_optin - kEarlyExitSplitStaticSmem;
+  if (room < row_bytes) {
+    return refused("H = " + std::to_string(H) + ": one normalised row does not fit in shared memory");
+  }
+  Plan plan;
+  if (B == 0) return plan;
+  const int64_t rows = std::min<int64_t>({B, kEarlyExitRowsPerCta, room / row_bytes});
+  const int64_t dynamic = rows * row_bytes;
+  const int64_t per_cta = kEarlyExitSplitStaticSmem + dynamic + lim.reserved_smem_per_block;
+  int ctas = ctas_per_sm_hint;
+  if (ctas <= 0) {
+    ctas = static_cast<int>(std::max<int64_t>(
+        1, std::min<int64_t>(lim.threads_per_sm / (kEarlyExitWarps * 32), lim.smem_per_sm / per_cta)));
+  }
+  const early_exit::Plan p = early_exit::make_plan(B, V, lim.sms, ctas, static_cast<int>(rows));
+  plan.values = {{"rows_per_cta", p.rows_per_cta},
+                 {"per_split", p.per_split},
+                 {"splits", p.splits},
+                 {"workspace_bytes", B * p.splits * k * 8}};
+  std::string broken = add_launch(plan, "early_exit_split_kernel", p.row_groups, p.splits, 1, kEarlyExitWarps * 32,
+                                  kEarlyExitSplitStaticSmem, dynamic, lim);
+  if (broken.empty()) {
+    broken = add_launch(plan, "early_exit_merge_kernel", B, 1, 1, kEarlyExitMergeThreads, kEarlyExitMergeStaticSmem,
+                        0, lim);
+  }
+  return check(plan, broken);
+}
+
+// ---------------------------------------------------------------------------
+// tree_attention: one launch over (b, KV head, split, m tile) in grid x.
+// ---------------------------------------------------------------------------
+namespace {
+
+bool has_mma_kernel(int dtype, int64_t D) { return dtype != 0 && (D == 64 || D == 128); }
+
+// The tensor-core kernel's K and V stages (16-bit elements), or the SIMT kernel's
+// float Q [16][D], K [16][D | 1] and V [16][D].
+int64_t tree_attention_dynamic_smem(bool mma, int64_t D) {
+  if (mma) return 2 * kTreeAttentionStages * kTreeAttentionBlockN * D * 2;
+  return (kTreeAttentionSimtRows * D + kTreeAttentionSimtKeys * (D | 1) + kTreeAttentionSimtKeys * D) * 4;
+}
+
+// CTAs of one kernel per SM when no occupancy query is at hand: the threads and shared
+// memory bounds, and the register budget the MMA kernels' __launch_bounds__ aim at.
+int estimate_ctas_per_sm(bool mma, int64_t D, int threads, int64_t smem, const DeviceLimits& lim) {
+  int64_t ctas = std::min<int64_t>(lim.threads_per_sm / threads, lim.smem_per_sm / (smem + lim.reserved_smem_per_block));
+  if (mma) ctas = std::min<int64_t>(ctas, D == 64 ? (threads == 256 ? 2 : 3) : 1);
+  return static_cast<int>(std::max<int64_t>(ctas, 1));
+}
+
+}  // namespace
+
+Plan plan_tree_attention(int64_t B, int64_t N, int64_t Hq, int64_t Hkv, int64_t D, int64_t kv_capacity, int dtype,
+                         const DeviceLimits& lim, int ctas_per_sm) {
+  const char* op = "tree_attention";
+  require(dtype == 0 || dtype == 1 || dtype == 2, op, "dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)");
+  require(B >= 0 && N >= 1 && Hkv >= 1 && Hq >= Hkv && Hq % Hkv == 0 && D >= 1, op,
+          "need B >= 0, N >= 1, D >= 1, Hq % Hkv == 0");
+  require(kv_capacity >= N, op, "the KV cache must hold at least N positions per row");
+  if (D > kTreeAttentionSimtMaxD) return refused("the cuda backend supports head dims 1..256");
+  // positions, page ids / slots and packed rows are 32-bit inside the kernels
+  if (kv_capacity > kInt32Max - tree_attn::kKeyAlign) return refused("KV capacity >= 2^31 - 64 positions");
+  const int64_t M = N * (Hq / Hkv);
+  if (M > kInt32Max || Hq > kInt32Max) return refused("N * Hq / Hkv >= 2^31");
+  const bool mma = has_mma_kernel(dtype, D);
+  const int block_m = mma ? (M > 64 ? 128 : 64) : kTreeAttentionSimtRows;
+  const int threads = mma ? block_m / 16 * 32 : kTreeAttentionSimtThreads;
+  const int64_t dynamic = tree_attention_dynamic_smem(mma, D);
+  const int64_t m_tiles = ceil_div(M, block_m);
+  if (ctas_per_sm <= 0) ctas_per_sm = estimate_ctas_per_sm(mma, D, threads, kTreeAttentionStaticSmem + dynamic, lim);
+  // One wave of resident CTAs: split the rows' prefixes only as far as it takes to fill
+  // the GPU, and never into pieces shorter than kMinSplitKeys.
+  const int64_t tiles = B * Hkv * m_tiles;
+  const int64_t slots = static_cast<int64_t>(std::max(lim.sms, 1)) * std::max(ctas_per_sm, 1);
+  const int64_t most = std::min<int64_t>(tree_attn::kMaxSplits,
+                                         std::max<int64_t>(1, ceil_div(kv_capacity, tree_attn::kMinSplitKeys)));
+  const int64_t splits = std::clamp<int64_t>(slots / std::max<int64_t>(tiles, 1), 1, most);
+  Plan plan;
+  plan.values = {{"path", mma ? 1 : 0},
+                 {"block_m", block_m},
+                 {"m_tiles", m_tiles},
+                 {"splits", splits},
+                 {"counter_bytes", splits > 1 ? tiles * 4 : 0},
+                 {"partial_bytes", splits > 1 ? tiles * splits * block_m * (D + 2) * 4 : 0}};
+  if (B == 0) return plan;
+  if (tiles > lim.grid_x / splits) return refused("B * Hkv * splits * m_tiles > 2^31 - 1");
+  return check(plan, add_launch(plan, mma ? "tree_attention_mma_kernel" : "tree_attention_simt_kernel",
+                                tiles * splits, 1, 1, threads, kTreeAttentionStaticSmem, dynamic, lim));
+}
+
+}  // namespace plans
+}  // namespace specdec

@@ -1,0 +1,415 @@
+"""The launch plan of every CUDA kernel (csrc/launch_plan.h, the function its launcher
+launches) on the sm_80 and sm_90 limit tables, over the whole shape space the public ops
+accept: each plan is a launch that fits every limit (grid, block, static + dynamic shared
+memory against 48 KiB unless opted in, the opt-in maximum, registers of the compiled kernels
+from cuobjdump) or a refusal, and a refused shape goes to another backend under "auto".
+Runs in CPU-only CI whenever _C is built; no GPU is touched.
+
+Regression guards of issue 16: finding 1 (tree_attention fp16/bf16 D = 64: 48 KiB dynamic +
+128 B static without the opt-in), finding 2 (early_exit_topk: the static kept sets not counted
+in the opt-in, and H > 6976 refused at B >= 7) and finding 7 (verify kernels with B in grid
+y/z: B > 65535 failed)."""
+
+import functools
+import os
+import re
+import subprocess
+
+import pytest
+import torch
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from specdec_kernels.common import cuda_module as _cuda_module
+from specdec_kernels.common import registry
+
+_C = _cuda_module.load()
+pytestmark = pytest.mark.skipif(_C is None or not hasattr(_C, "launch_plan"),
+                                reason="specdec_kernels._C (with launch plans) is not built here")
+
+ARCHS = (80, 90)
+KiB = 1024
+NO_OPT_IN = 48 * KiB
+OPT_IN_MAX = {80: 166912, 90: 232448}  # 163 KiB, 227 KiB
+GRID_X, GRID_YZ = 2**31 - 1, 65535
+FLOAT32, FLOAT16, BFLOAT16 = 0, 1, 2
+EARLY_EXIT_STATIC = 8 * 8 * 8 * 16  # kept[8 warps][8 rows][16] u64
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# ---------------------------------------------------------------------------------- cuobjdump
+@pytest.fixture(scope="module")
+def compiled() -> dict:
+    """{(arch, kernel family): (most registers, SHARED)} of the built _C (cuobjdump, shipped with triton)."""
+    triton = pytest.importorskip("triton")
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        pytest.skip("no cuobjdump in this triton install")
+    dump = subprocess.run([tool, "--dump-resource-usage", _C.__file__], capture_output=True, text=True,
+                          check=True).stdout
+    rows, arch, name = {}, None, None
+    for line in dump.splitlines():
+        if found := re.search(r"arch = sm_(\d+)", line):
+            arch = int(found.group(1))
+        elif found := re.search(r"Function (\S+):", line):
+            name = found.group(1)
+        elif (found := re.search(r"REG:(\d+) STACK:\d+ SHARED:(\d+)", line)) and name:
+            family = re.search(r"\d+([a-z_]+_kernel)[IE]", name)
+            if family:
+                reg, shared = int(found.group(1)), int(found.group(2))
+                old = rows.get((arch, family.group(1)), (0, set()))
+                rows[(arch, family.group(1))] = (max(old[0], reg), old[1] | {shared})
+    return rows
+
+
+def static_smem_seen(compiled, arch, kernel):
+    """The kernel's static shared memory as compiled: cuobjdump adds the 1 KiB reserved block on sm_90."""
+    _, shared = compiled[(arch, kernel)]
+    return {s - (KiB if arch == 90 else 0) for s in shared}
+
+
+# ---------------------------------------------------------------------------------- plan checks
+def assert_fits(plan, arch, compiled=None):
+    """A plan is a refusal (no launches) or launches that fit every limit of `arch`."""
+    if plan["refusal"] is not None:
+        assert isinstance(plan["refusal"], str) and plan["refusal"] and plan["launches"] == [], plan
+        return
+    lim = _C.launch_limits(arch)
+    for launch in plan["launches"]:
+        gx, gy, gz = launch["grid"]
+        assert 1 <= gx <= GRID_X and 1 <= gy <= GRID_YZ and 1 <= gz <= GRID_YZ, launch
+        assert 32 <= launch["block"] <= 1024 and launch["block"] % 32 == 0, launch
+        smem = launch["static_smem"] + launch["dynamic_smem"]
+        assert launch["opt_in"] == (smem > NO_OPT_IN), launch  # the rule the runtime applies
+        assert smem <= OPT_IN_MAX[arch], launch
+        assert smem + lim["reserved_smem_per_block"] <= lim["smem_per_sm"], launch  # >= 1 CTA per SM
+        if compiled is not None:
+            regs, _ = compiled[(arch, launch["kernel"])]
+            per_thread = -(-regs // 8) * 8  # registers are allocated 8 per thread at a time
+            assert per_thread * launch["block"] <= lim["regs_per_block"], (launch, regs)
+
+
+def plan(kernel, arch, **sizes):
+    return _C.launch_plan(kernel, sizes, arch)
+
+
+def served(p):
+    return p["refusal"] is None
+
+
+# ---------------------------------------------------------------------------------- the limit tables
+def test_limit_tables_are_the_published_ones():
+    for arch in ARCHS:
+        lim = _C.launch_limits(arch)
+        assert lim["smem_per_block"] == NO_OPT_IN and lim["smem_per_block_optin"] == OPT_IN_MAX[arch]
+        assert lim["grid_x"] == GRID_X and lim["grid_yz"] == GRID_YZ and lim["threads_per_block"] == 1024
+        assert lim["regs_per_block"] == 65536
+    with pytest.raises(ValueError, match="arch must be 80 or 90"):
+        _C.launch_limits(75)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        _C.launch_plan("nope", {}, 90)
+    with pytest.raises(ValueError, match="sizes needs 'V'"):
+        _C.launch_plan("greedy_verify", {"B": 1, "G": 1}, 90)
+
+
+# One small plan per kernel family: the static shared memory mirrored in launch_plan.h.
+SAMPLES = [
+    ("greedy_verify", dict(B=2, G=3, V=32000)),
+    ("logit_verify", dict(B=2, G=3, V=32000)),
+    ("max_prob", dict(R=4, V=32000)),
+    ("tree_greedy_verify", dict(B=2, N=7, V=32000)),
+    ("rejection_sample", dict(B=2, G=3, V=32000)),
+    ("rejection_sample_logits", dict(B=2, G=3, V=32000)),
+    ("kv_compact", dict(B=2, L=4, Hkv=8, S_max=64, D=128, elem_size=2, vector_bytes=16)),
+    ("early_exit_topk", dict(B=2, H=512, V=32000, k=4)),
+    ("tree_attention", dict(B=2, N=8, Hq=8, Hkv=2, D=128, capacity=512, dtype=BFLOAT16)),
+    ("tree_attention", dict(B=2, N=8, Hq=8, Hkv=2, D=96, capacity=512, dtype=FLOAT32)),
+]
+
+
+def test_every_kernel_has_a_plan():
+    assert set(_C.launch_plan_kernels()) == {name for name, _ in SAMPLES}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_static_shared_memory_mirrors_the_compiled_kernels(compiled, arch):
+    """launch_plan.h's static shared memory of each kernel is what the compiler laid out:
+    a __shared__ declaration added to a kernel without updating the mirror fails here."""
+    kernels = set()
+    for name, sizes in SAMPLES:
+        for launch in plan(name, arch, **sizes)["launches"]:
+            kernels.add(launch["kernel"])
+            assert static_smem_seen(compiled, arch, launch["kernel"]) == {launch["static_smem"]}, launch
+    families = {family for (a, family) in compiled if a == arch} - {"tree_rejection_sample_kernel"}
+    assert families == kernels  # every launched kernel has a plan (tree_rejection_sample: one CTA per row)
+
+
+# ---------------------------------------------------------------------------------- chain / tree verifies
+BATCH = st.integers(0, 10**6)
+VOCAB = st.one_of(st.integers(1, 2**20), st.integers(2**20, 2**31 + 5))
+
+
+@SETTINGS
+@given(arch=st.sampled_from(ARCHS), kernel=st.sampled_from(["greedy_verify", "logit_verify"]), B=BATCH,
+       G=st.integers(0, 70000), V=VOCAB)
+@example(arch=90, kernel="greedy_verify", B=65536, G=4, V=32000)
+@example(arch=80, kernel="logit_verify", B=10**6, G=0, V=151936)
+def test_chain_verify_plans(compiled, arch, kernel, B, G, V):
+    p = plan(kernel, arch, B=B, G=G, V=V)
+    assert_fits(p, arch, compiled)
+    # finding 7: B rides in grid x, so any batch is served; only G + 1 > 65535 (grid y) or a
+    # V without a free "no element" index are refused
+    assert served(p) == (G + 1 <= GRID_YZ and V < 2**31 - 1), p
+    if served(p) and B:
+        assert p["launches"][0]["grid"] == (B, G + 1, p["splits"])
+        assert (p["splits"] - 1) * p["chunk"] < V <= p["splits"] * p["chunk"]  # every CTA owns elements
+
+
+@SETTINGS
+@given(arch=st.sampled_from(ARCHS), B=BATCH, N=st.integers(1, 70000), V=VOCAB)
+@example(arch=90, B=100000, N=64, V=32000)
+def test_tree_greedy_verify_plans(compiled, arch, B, N, V):
+    p = plan("tree_greedy_verify", arch, B=B, N=N, V=V)
+    assert_fits(p, arch, compiled)
+    assert served(p) == (N <= GRID_YZ and V < 2**31 - 1), p
+
+
+@SETTINGS
+@given(arch=st.sampled_from(ARCHS), R=st.integers(0, 2**33), V=VOCAB)
+def test_max_prob_plans(compiled, arch, R, V):
+    p = plan("max_prob", arch, R=R, V=V)
+    assert_fits(p, arch, compiled)
+    if served(p) and R:
+        assert p["launches"][0]["grid"][0] == R * p["splits"]  # one CTA per (row, split) in grid x
+    sms = _C.launch_limits(arch)["sms"]
+    if V < 2**31 - 1 and R * 4 * sms <= GRID_X:  # splits <= 4 per SM
+        assert served(p), p
+    if R > GRID_X or V >= 2**31 - 1:
+        assert not served(p), p
+
+
+@SETTINGS
+@given(arch=st.sampled_from(ARCHS), kernel=st.sampled_from(["rejection_sample", "rejection_sample_logits"]),
+       B=BATCH, G=st.integers(0, 2**20 + 2), V=st.integers(1, 2**23 + 2))
+@example(arch=90, kernel="rejection_sample", B=70000, G=4, V=151936)
+@example(arch=80, kernel="rejection_sample_logits", B=70000, G=2047, V=2**23 - 1)
+def test_rejection_sample_plans(compiled, arch, kernel, B, G, V):
+    p = plan(kernel, arch, B=B, G=G, V=V)
+    assert_fits(p, arch, compiled)
+    most_g = 2047 if kernel == "rejection_sample_logits" else 2**20
+    assert served(p) == (G <= most_g and V < 2**23), p
+    if served(p) and B:
+        assert 1 <= p["splits"] <= p["ws_stride"]  # the workspace holds every split
+
+
+# ---------------------------------------------------------------------------------- kv_compact
+@SETTINGS
+@given(arch=st.sampled_from(ARCHS), B=BATCH, L=st.integers(0, 40000), Hkv=st.integers(0, 128),
+       S_max=st.integers(0, 2**20), D=st.integers(0, 512), elem_size=st.sampled_from([2, 4]),
+       vector_bytes=st.sampled_from([2, 4, 8, 16]))
+def test_kv_compact_plans(compiled, arch, B, L, Hkv, S_max, D, elem_size, vector_bytes):
+    if (D * elem_size) % vector_bytes:
+        vector_bytes = 2
+    p = plan("kv_compact", arch, B=B, L=L, Hkv=Hkv, S_max=S_max, D=D, elem_size=elem_size, vector_bytes=vector_bytes)
+    assert_fits(p, arch, compiled)
+    layers = L if Hkv and S_max and D else 0
+    if 2 * layers <= GRID_YZ and B * Hkv * D <= 2**31 // 8:
+        assert served(p), p
+
+
+# ---------------------------------------------------------------------------------- early_exit_topk
+def early_exit_servable(arch, H):
+    """One normalised row (4H bytes) next to the static kept sets within the opt-in maximum."""
+    return EARLY_EXIT_STATIC + 4 * H <= OPT_IN_MAX[arch]
+
+
+@SETTINGS
+@given(arch=st.sampled_from(ARCHS), B=st.integers(0, 10**6), H=st.integers(1, 65536), V=st.integers(16, 2**20),
+       k=st.integers(1, 16))
+@example(arch=80, B=7, H=16384, V=151936, k=8)
+@example(arch=90, B=8, H=8192, V=32000, k=16)
+def test_early_exit_topk_plans(compiled, arch, B, H, V, k):
+    p = plan("early_exit_topk", arch, B=B, H=H, V=V, k=k)
+    assert_fits(p, arch, compiled)
+    # finding 2: fewer rows per CTA when 8 do not fit, so every H one row fits is served
+    assert served(p) == early_exit_servable(arch, H), p
+    if served(p) and B:
+        split = p["launches"][0]
+        rows = p["rows_per_cta"]
+        assert 1 <= rows <= min(B, 8) and split["dynamic_smem"] == 4 * H * rows
+        assert split["grid"][0] * rows >= B > (split["grid"][0] - 1) * rows  # the row groups cover B
+        assert p["workspace_bytes"] == 8 * B * p["splits"] * k
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("B, H", [(3, 4096), (4, 3072), (8, 1536), (64, 1536), (1, 10240), (2, 5120), (7, 6976),
+                                  (7, 6977), (8, 8192), (16, 16384), (1, 12288), (3, 2048)])
+def test_early_exit_topk_counts_the_static_kept_sets(compiled, arch, B, H):
+    """Dynamic rows in (40 KiB, 48 KiB] plus the 8 KiB static kept sets need the opt-in."""
+    p = plan("early_exit_topk", arch, B=B, H=H, V=151936, k=8)
+    assert_fits(p, arch, compiled)
+    assert served(p)
+    split = p["launches"][0]
+    assert split["static_smem"] == EARLY_EXIT_STATIC
+    assert split["opt_in"] == (EARLY_EXIT_STATIC + split["dynamic_smem"] > NO_OPT_IN)
+
+
+# ---------------------------------------------------------------------------------- tree_attention
+@SETTINGS
+@given(arch=st.sampled_from(ARCHS), B=st.integers(0, 10**5), N=st.integers(1, 1024), Hkv=st.sampled_from([1, 2, 4, 8, 32]),
+       group=st.sampled_from([1, 2, 4, 7, 8]), D=st.one_of(st.sampled_from([64, 128, 256, 257]), st.integers(1, 300)),
+       extra=st.one_of(st.integers(0, 2**16), st.integers(0, 2**31)), dtype=st.sampled_from([FLOAT32, FLOAT16, BFLOAT16]))
+@example(arch=90, B=1, N=8, Hkv=8, group=4, D=64, extra=2048, dtype=FLOAT16)
+@example(arch=80, B=4, N=64, Hkv=8, group=4, D=64, extra=4096, dtype=BFLOAT16)
+def test_tree_attention_plans(compiled, arch, B, N, Hkv, group, D, extra, dtype):
+    capacity = N + extra
+    p = plan("tree_attention", arch, B=B, N=N, Hq=Hkv * group, Hkv=Hkv, D=D, capacity=capacity, dtype=dtype)
+    assert_fits(p, arch, compiled)
+    if D <= 256 and capacity < 2**31 - 64 and B * Hkv * N * group <= 2**30:
+        assert served(p), p
+    if D > 256:
+        assert not served(p)
+    if served(p) and B:
+        launch = p["launches"][0]
+        mma = dtype != FLOAT32 and D in (64, 128)
+        assert launch["kernel"] == ("tree_attention_mma_kernel" if mma else "tree_attention_simt_kernel")
+        assert launch["grid"][0] == B * Hkv * p["splits"] * p["m_tiles"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", [FLOAT16, BFLOAT16])
+@pytest.mark.parametrize("rows", [8, 64, 65, 512])
+def test_tree_attention_d64_opts_in(compiled, arch, dtype, rows):
+    """finding 1: 48 KiB of K/V stages + 128 B static is past 48 KiB: the MMA kernel must opt in."""
+    p = plan("tree_attention", arch, B=2, N=rows, Hq=8, Hkv=8, D=64, capacity=4096, dtype=dtype)
+    assert_fits(p, arch, compiled)
+    launch = p["launches"][0]
+    assert launch["dynamic_smem"] == NO_OPT_IN and launch["static_smem"] == 128 and launch["opt_in"]
+
+
+# ---------------------------------------------------------------------------------- routing
+@pytest.fixture(params=ARCHS)
+def pretend_gpu(request, monkeypatch):
+    """resolve() on a pretend GPU of one arch: the CUDA limits plan on that arch's table."""
+    from specdec_kernels.cuda import _launch
+
+    monkeypatch.setattr(registry._cuda_module, "load", lambda: _C)
+    monkeypatch.setattr(registry, "triton_importable", lambda: True)
+    monkeypatch.setattr(_launch, "device_plan", lambda kernel, sizes: _C.launch_plan(kernel, sizes, request.param))
+    return request.param
+
+
+GPU = torch.device("cuda")  # resolve() only reads the device type
+# (op, sizes as the op passes them, served?) for each CUDA backend
+ROUTES = [
+    ("greedy_verify", dict(B=10**6, G=4, V=32000, dtype=torch.float16), True),
+    ("greedy_verify", dict(B=2, G=65535, V=32000, dtype=torch.float16), False),
+    ("relaxed_verify", dict(B=70000, G=4, V=32000, dtype=torch.bfloat16), True),
+    ("bild_verify", dict(B=2, G=4, V=2**31, dtype=torch.float32), False),
+    ("max_prob", dict(R=2**31, V=32000, dtype=torch.float32), False),
+    ("max_prob", dict(R=8, V=32000, dtype=torch.float32), True),
+    ("tree_greedy_verify", dict(B=10**5, N=64, V=32000, depth=8, dtype=torch.float16), True),
+    ("tree_greedy_verify", dict(B=1, N=70000, V=32000, depth=8, dtype=torch.float16), False),
+    ("rejection_sample", dict(B=10**5, G=4, V=32000, dtype=torch.float32), True),
+    ("rejection_sample", dict(B=1, G=4, V=2**23, dtype=torch.float32), False),
+    ("rejection_sample_logits", dict(B=1, G=2048, V=32000, dtype=torch.float32), False),
+    ("tree_rejection_sample", dict(B=1, N=8, V=2**23, depth=4, dtype=torch.float32), False),
+    ("early_exit_topk", dict(B=8, H=16384, V=151936, k=8, dtype=torch.bfloat16), True),
+    ("early_exit_topk", dict(B=1, H=60000, V=151936, k=8, dtype=torch.bfloat16), False),
+    ("early_exit_topk", dict(B=1, H=60000, V=151936, k=32, dtype=torch.bfloat16), True),  # k > 16: the op's torch path
+    ("tree_attention", dict(B=2, N=8, Hq=8, Hkv=8, D=64, capacity=4096, paged=False, dtype=torch.float16), True),
+    ("tree_attention", dict(B=2, N=8, Hq=8, Hkv=8, D=512, capacity=4096, paged=True, dtype=torch.float16), False),
+    ("kv_compact", dict(B=4, M=8, L=32, dtype=torch.bfloat16, Hkv=8, S_max=4096, D=128), True),
+    ("kv_compact", dict(B=4, M=8, L=40000, dtype=torch.bfloat16, Hkv=8, S_max=4096, D=128), False),
+    ("kv_compact", dict(B=4, M=8, L=0, dtype=None), True),
+]
+
+
+@pytest.mark.parametrize("op, sizes, ok", ROUTES, ids=[f"{r[0]}-{i}" for i, r in enumerate(ROUTES)])
+def test_auto_routes_a_refused_shape_elsewhere(pretend_gpu, op, sizes, ok):
+    import specdec_kernels.ops  # noqa: F401  (registers every backend)
+
+    chosen = registry.resolve(op, "auto", GPU, sizes=sizes)
+    if ok:
+        assert chosen == "cuda"
+    else:
+        assert chosen in ("triton", "torch")
+        with pytest.raises(ValueError, match="the 'cuda' backend cannot serve this call"):
+            registry.resolve(op, "cuda", GPU, sizes=sizes)
+
+
+def test_every_cuda_backend_has_limits():
+    import specdec_kernels.ops  # noqa: F401
+
+    cuda_ops = {op for op in registry.registered_ops() if "cuda" in registry.implemented_backends(op)}
+    assert cuda_ops == {op for op, backend in registry._LIMITS if backend == "cuda"}
+
+
+# ---------------------------------------------------------------------------------- on a GPU
+# The plans above are what the launchers launch; these run the shapes of findings 1, 2 and 7
+# through the kernels (skipped without CUDA).
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_device_limits_are_the_devices():
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    lim = _C.device_launch_limits()
+    assert lim["sms"] == props.multi_processor_count
+    assert lim["smem_per_block"] == NO_OPT_IN
+    if lim["arch"] in ARCHS:
+        assert lim["smem_per_block_optin"] == OPT_IN_MAX[lim["arch"]]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tree_attention_d64_runs(dtype):
+    from specdec_kernels import ops
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    B, N, Hq, Hkv, D, S = 2, 8, 8, 2, 64, 256
+    q = torch.randn(B, N, Hq, D, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype, generator=gen)
+    seq_lens = torch.tensor([100, 7], device="cuda")
+    out, lse = ops.tree_attention(q, k, v, seq_lens, backend="cuda")
+    want_out, want_lse = ops.tree_attention(q, k, v, seq_lens, backend="torch")
+    torch.testing.assert_close(out.float(), want_out.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("B, H", [(3, 4096), (4, 3072), (8, 1536), (7, 8192), (8, 16384)])
+def test_early_exit_topk_shapes_of_finding_2_run(B, H):
+    from specdec_kernels import ops
+
+    gen = torch.Generator(device="cuda").manual_seed(B * H)
+    hidden = torch.randn(B, H, device="cuda", generator=gen)
+    weight = torch.randn(H, device="cuda", generator=gen)
+    lm_head = torch.randn(4096, H, device="cuda", generator=gen) / H**0.5
+    values, ids = ops.early_exit_topk(hidden, weight, lm_head, 8, backend="cuda")
+    want_values, want_ids = ops.early_exit_topk(hidden, weight, lm_head, 8, backend="torch")
+    torch.testing.assert_close(values, want_values, rtol=1e-4, atol=1e-4)
+    assert (ids == want_ids).float().mean() > 0.99  # near-ties may swap under another summation order
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_verifies_take_more_than_65535_rows():
+    from specdec_kernels import ops
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    B, G, V = 70000, 2, 64
+    logits = torch.randn(B, G + 1, V, device="cuda", generator=gen)
+    draft = torch.randint(0, V, (B, G), device="cuda", generator=gen)
+    draft[::3] = logits[::3, :G].argmax(-1)  # some rows accept
+    relaxed = functools.partial(ops.relaxed_verify, top_beta=2, tau=0.5)
+    for op in (ops.greedy_verify, relaxed):
+        got = op(logits, draft, backend="cuda")
+        want = op(logits, draft, backend="torch")
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), op
+    parents = torch.arange(-1, G, device="cuda").expand(B, G + 1).contiguous()
+    tokens = torch.cat([torch.zeros(B, 1, dtype=torch.int64, device="cuda"), draft], 1)
+    got = ops.tree_greedy_verify(logits, tokens, parents, backend="cuda")
+    want = ops.tree_greedy_verify(logits, tokens, parents, backend="torch")
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
