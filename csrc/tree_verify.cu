@@ -23,7 +23,8 @@
 // would need a grid-wide handshake per rejected sibling (its total gates the
 // next test and every later residual value), i.e. blocks waiting for each other
 // inside one launch, which is only safe with guaranteed co-residency
-// (cooperative launch, or an sm_90 cluster per row): a later step.
+// (cooperative launch, or an sm_90 cluster per row) or with per-row work
+// stealing over the V-chunks of each stage (triton/tree_verify.py): a later step.
 
 #include <algorithm>
 #include <cmath>

@@ -58,7 +58,11 @@ of a row would have to wait for each other once per rejection. Per-row tickets g
 merge only (the last program goes on alone); waiting requires every program of the row to
 be resident at once, which a plain launch does not promise (a grid larger than what can
 be resident deadlocks, e.g. under an MPS SM limit, and the interpreter, which runs programs
-one after another, always would). A cooperative launch or an sm_90 thread-block cluster could promise it.
+one after another, always would). Ways out, for a later step with a GPU to test on: a
+cooperative launch or an sm_90 cluster per row (co-residency promised), or per-row work
+stealing (programs claim the V-chunks of the current stage from an atomic counter, the one
+finishing the last chunk decides and opens the next stage; a program only ever waits for
+chunks that running programs have claimed, so it needs no co-residency).
 """
 
 import torch
