@@ -232,10 +232,31 @@ def _residual_at(p_row, q_base, stride_qn, table, n, count, offs, m):
     for i in range(1, count):
         node = tl.load(table + i)
         total_f = tl.load(table + n + i - 1).to(tl.float64)
-        q = _clean_prob(tl.load(q_base + node * stride_qn + offs, mask=m, other=0.0).to(tl.float32))
-        cut = (total_f * q).to(tl.int64)  # >= 0, so the truncating cast is the floor
+        q_clean = _clean_prob(tl.load(q_base + node * stride_qn + offs, mask=m, other=0.0).to(tl.float32))
+        cut = (total_f * q_clean).to(tl.int64)  # >= 0, so the truncating cast is the floor
         r = tl.maximum(r - cut, 0)
     return r
+
+
+# Above any R(x) (<= 2^40): clamping each cut to it keeps a sum of N of them inside int64.
+CUT_CAP: tl.constexpr = tl.constexpr(2**41)
+
+
+@triton.jit
+def _residual_at_token(p_row, q_base, stride_qn, table, n, count, x, in_range, lanes):
+    """R(x) at one id after `count` (>= 1) rejected siblings, loop-free over the BLOCK_N
+    lanes (lane i = rank i): since every cut is >= 0, max(0, max(0, a - c) - d) equals
+    max(0, a - c - d), so R_k(x) = max(0, R_1(x) - sum_i min(cut_i(x), CUT_CAP)); a capped
+    cut exceeds R_1(x) and empties R(x) in both forms. Same value as `_residual_at`, but one
+    vector load instead of a serial loop in the walk (which made the sm_90 build spill)."""
+    p = tl.load(p_row + x, mask=in_range, other=0.0).to(tl.float32)
+    q = tl.load(q_base + tl.load(table) * stride_qn + x, mask=in_range, other=0.0).to(tl.float32)
+    later = (lanes >= 1) & (lanes < count)
+    nodes = tl.load(table + lanes, mask=later, other=0)
+    totals = tl.load(table + n + lanes - 1, mask=later, other=0).to(tl.float64)
+    q_later = _clean_prob(tl.load(q_base + nodes * stride_qn + x, mask=later & in_range, other=0.0).to(tl.float32))
+    cuts = tl.minimum((totals * q_later).to(tl.int64), CUT_CAP)  # masked lanes: 0
+    return tl.maximum(to_weights(p - q) - tl.sum(cuts, axis=0), 0)
 
 
 @triton.jit
@@ -324,15 +345,15 @@ def _tree_rejection_kernel(
             in_range = (x >= 0) & (x < vocab)
             safe_x = tl.where(in_range, x, 0)  # never address outside the row
             p_x = tl.load(p_row + safe_x, mask=in_range, other=0.0).to(tl.float32).to(tl.float64)
-            q_x = tl.load(q_base + child * stride_qn + safe_x, mask=in_range, other=0.0).to(tl.float32)
-            q_x = q_x.to(tl.float64)
+            q_x = tl.load(q_base + child * stride_qn + safe_x, mask=in_range, other=0.0).to(tl.float32).to(tl.float64)
+            r_x = tl.full((), 0.0, tl.float64)
+            if rank > 0:  # R(x) <= 2^40 is exact in float64
+                r_x = _residual_at_token(p_row, q_base, stride_qn, table, n, rank, safe_x, in_range,
+                                         lanes).to(tl.float64)
             if RANDOM == UNIFORMS:
                 u = tl.load(uniforms_ptr + b * stride_ub + child * stride_un).to(tl.float64)
             else:
                 u = philox_uniform(seed_b, offset + level, row_key, SALT_ACCEPT, rank)
-            r_x = tl.full((), 0.0, tl.float64)
-            if rank > 0:  # R(x) <= 2^40 is exact in float64
-                r_x = _residual_at(p_row, q_base, stride_qn, table, n, rank, safe_x, in_range).to(tl.float64)
             first_rule = u * q_x < p_x
             later_rule = (u * q_x) * total.to(tl.float64) < r_x
             accept = in_range & tl.where(rank > 0, later_rule, first_rule)
