@@ -2,9 +2,14 @@
 // Tensors cross as device addresses (tensor.data_ptr()), strides in elements,
 // the stream as an integer; 0 stands for an absent optional tensor.
 
+#include <pybind11/stl.h>
+
 #include <cstdint>
+#include <stdexcept>
+#include <vector>
 
 #include "registry.h"
+#include "tree_residual.cuh"
 #include "tree_verify.h"
 
 namespace py = pybind11;
@@ -38,7 +43,7 @@ void tree_rejection_sample(uint64_t target_probs, int64_t target_stride_b, int64
                            uint64_t uniforms, bool uniforms_double, int64_t uniforms_stride_b,
                            int64_t uniforms_stride_n, int64_t seed, uint64_t seeds, int64_t seeds_stride,
                            uint64_t offsets, int64_t offsets_stride, uint64_t out_tokens,
-                           uint64_t num_accepted, uint64_t accepted_nodes, uint64_t scratch, int64_t B,
+                           uint64_t num_accepted, uint64_t accepted_nodes, uint64_t workspace, int64_t B,
                            int64_t N, int64_t V, int64_t max_depth, int dtype, uint64_t stream) {
   const specdec::TreeRandomness randomness{specdec::device_ptr<const void>(uniforms),
                                            uniforms_double ? 1 : 0,
@@ -55,8 +60,38 @@ void tree_rejection_sample(uint64_t target_probs, int64_t target_stride_b, int64
       index_matrix(tree_tokens, tokens_stride_b, tokens_stride_n),
       index_matrix(parents, parents_stride_b, parents_stride_n), randomness,
       specdec::device_ptr<int64_t>(out_tokens), specdec::device_ptr<int64_t>(num_accepted),
-      specdec::device_ptr<int64_t>(accepted_nodes), specdec::device_ptr<void>(scratch), B, N, V, max_depth,
+      specdec::device_ptr<int64_t>(accepted_nodes), specdec::device_ptr<void>(workspace), B, N, V, max_depth,
       dtype, as_stream(stream));
+}
+
+py::dict tree_rejection_sample_plan(int64_t B, int64_t N, int64_t V) {
+  const specdec::TreeRejectionPlan plan = specdec::tree_rejection_sample_plan(B, N, V);
+  py::dict out;
+  out["grid"] = py::make_tuple(plan.blocks);
+  out["threads"] = plan.threads;
+  out["workspace_bytes"] = plan.workspace_bytes;
+  return out;
+}
+
+// Host build of the kernel's residual arithmetic (tree_residual.cuh) over whole rows:
+// p [V] and the rejected siblings' q rows [k][V] (float32 values, as the kernel widens
+// them) -> (R_k [V], [S_1, ..., S_k]). Testing only.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> host_tree_residual(const std::vector<float>& p,
+                                                                         const std::vector<std::vector<float>>& q) {
+  if (q.empty()) throw std::invalid_argument("host_tree_residual: need at least one rejected sibling");
+  std::vector<int64_t> r(p.size());
+  std::vector<int64_t> totals;
+  for (size_t i = 0; i < q.size(); ++i) {
+    if (q[i].size() != p.size()) throw std::invalid_argument("host_tree_residual: every q row needs V values");
+    const double total = totals.empty() ? 0.0 : static_cast<double>(totals.back());
+    int64_t sum = 0;
+    for (size_t v = 0; v < p.size(); ++v) {
+      r[v] = i == 0 ? specdec::residual_first(p[v], q[0][v]) : specdec::residual_update(r[v], total, q[i][v]);
+      sum += r[v];
+    }
+    totals.push_back(sum);
+  }
+  return {r, totals};
 }
 
 const specdec::RegisterBindings registered([](py::module_& m) {
@@ -77,13 +112,17 @@ const specdec::RegisterBindings registered([](py::module_& m) {
         py::arg("parents_stride_n"), py::arg("uniforms"), py::arg("uniforms_double"),
         py::arg("uniforms_stride_b"), py::arg("uniforms_stride_n"), py::arg("seed"), py::arg("seeds"),
         py::arg("seeds_stride"), py::arg("offsets"), py::arg("offsets_stride"), py::arg("out_tokens"),
-        py::arg("num_accepted"), py::arg("accepted_nodes"), py::arg("scratch"), py::arg("B"), py::arg("N"),
+        py::arg("num_accepted"), py::arg("accepted_nodes"), py::arg("workspace"), py::arg("B"), py::arg("N"),
         py::arg("V"), py::arg("max_depth"), py::arg("dtype"), py::arg("stream"),
         py::call_guard<py::gil_scoped_release>(),
         "Multi-draft speculative sampling over a token tree on `stream` (one kernel launch, no sync). "
-        "uniforms/seeds/offsets may be 0; scratch (tree_rejection_sample_scratch_bytes) need not be zeroed.");
-  m.def("tree_rejection_sample_scratch_bytes", &specdec::tree_rejection_sample_scratch_bytes, py::arg("B"),
-        py::arg("V"), "Bytes of scratch tree_rejection_sample needs (no zeroing required).");
+        "uniforms/seeds/offsets may be 0; workspace: tree_rejection_sample_plan(B, N, V)['workspace_bytes'] "
+        "bytes, 8-byte aligned, need not be zeroed.");
+  m.def("tree_rejection_sample_plan", &tree_rejection_sample_plan, py::arg("B"), py::arg("N"), py::arg("V"),
+        "Launch plan of tree_rejection_sample (host only, no GPU): {'grid', 'threads', 'workspace_bytes'}; "
+        "the workspace (per-row rank tables) does not depend on V.");
+  m.def("host_tree_residual", &host_tree_residual, py::arg("p"), py::arg("q"),
+        "Host build of tree_rejection_sample's residual arithmetic over whole rows (testing only).");
 });
 
 }  // namespace

@@ -10,11 +10,21 @@
 // tree_rejection_sample: one block per batch row walks the tree sequentially.
 // Every decision (which child, accept or not) is taken by thread 0 and
 // broadcast through shared memory, so all control flow around barriers is
-// block-uniform by construction. Passes over V (residual updates, totals and
-// the inverse-CDF draw) use the whole block; all weights are int64 fixed point,
+// block-uniform by construction. Passes over V (residual totals and the
+// inverse-CDF draw) use the whole block; all weights are int64 fixed point,
 // so every sum is exact and the result does not depend on the reduction order.
-// Small-B performance (one block per row) is a later step: a split-V version
-// would need a cross-block handshake per rejected child.
+// The residual after rejected siblings is never stored: each pass recomputes
+// it from p and the rejected siblings' q rows (tree_residual.cuh), so the only
+// buffer is a rank table of B * N * 2 int64 (the rejected child and the total
+// after it, per sibling rank), whatever V. The k-th rejection at a node reads
+// k + 1 rows; see specdec_kernels/triton/tree_verify.py for the traffic
+// trade-off against a stored residual row.
+// Small B leaves most SMs idle (one block per row). Splitting a row over V
+// would need a grid-wide handshake per rejected sibling (its total gates the
+// next test and every later residual value), i.e. blocks waiting for each other
+// inside one launch, which is only safe with guaranteed co-residency
+// (cooperative launch, or an sm_90 cluster per row) or with per-row work
+// stealing over the V-chunks of each stage (triton/tree_verify.py): a later step.
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +35,7 @@
 #include "common.cuh"
 #include "launch_utils.h"
 #include "philox.cuh"
+#include "tree_residual.cuh"
 #include "tree_verify.h"
 
 namespace specdec {
@@ -144,8 +155,13 @@ tree_greedy_verify_kernel(const T* __restrict__ logits, int64_t stride_b, int64_
 // ===========================================================================
 constexpr int kWalkThreads = 512;
 constexpr int kWalkWarps = kWalkThreads / 32;
+// Two resident walks per SM (64 registers a thread): without the hint ptxas for
+// sm_90 squeezed the walk into 40 registers and spilled.
+constexpr int kWalkBlocksPerSM = 2;
 constexpr int kItems = 4;  // consecutive elements per thread in a scan tile
 constexpr int64_t kTile = static_cast<int64_t>(kWalkThreads) * kItems;
+// A row's rank table: the rejected child of each sibling rank, then the total after it.
+constexpr int64_t kRankTableColumns = 2;
 
 // Sum over the block, returned to every thread. Two barriers: the second one
 // lets the caller reuse `scratch` right away. Every thread must call it.
@@ -191,39 +207,91 @@ __device__ __forceinline__ void block_exclusive_scan_i64(int64_t v, int64_t& exc
 template <typename T>
 struct TargetWeights {
   const T* row;
-  __device__ __forceinline__ int64_t operator()(int64_t v) const { return to_weight(to_float(row[v])); }
+  // The weights of ids first + k * step, k < kItems (0 at ids >= V). Ids fit in
+  // int: V < 2^23 (the launcher checks), one tile past it at most.
+  __device__ __forceinline__ void tile(int first, int step, int V, int64_t (&w)[kItems]) const {
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int v = first + k * step;
+      w[k] = v < V ? to_weight(to_float(row[v])) : 0;
+    }
+  }
 };
 
-// Residual weights R kept in the global scratch row.
+// The residual after the first `count` (>= 1) children of the current node were
+// rejected (tree_residual.cuh), recomputed from p and their q rows rather than
+// stored: a stored row would cost B * V * 8 bytes (311 MB at B = 256, V = 151936).
+// table: the batch row's rank table, [rank] = the rejected child of that sibling
+// rank, [N + rank] = the total S after it. Thread 0 writes an entry before a
+// barrier that every reader passes, and the table is a plain (coherent) pointer.
+template <typename T>
 struct ResidualWeights {
-  const int64_t* row;
-  __device__ __forceinline__ int64_t operator()(int64_t v) const { return row[v]; }
+  const T* p_row;
+  const T* q_base;  // draft row of node 0 of this batch row
+  int64_t q_stride;
+  const int64_t* table;
+  int N;
+  int count;
+
+  // Rank by rank over kItems ids at once, so each table entry is read once per tile.
+  __device__ __forceinline__ void tile(int first, int step, int V, int64_t (&w)[kItems]) const {
+    const T* q_row = q_base + table[0] * q_stride;
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int v = first + k * step;
+      w[k] = v < V ? residual_first(to_float(p_row[v]), to_float(q_row[v])) : 0;
+    }
+    for (int i = 1; i < count; ++i) {
+      q_row = q_base + table[i] * q_stride;
+      const double total = static_cast<double>(table[N + i - 1]);
+#pragma unroll
+      for (int k = 0; k < kItems; ++k) {
+        const int v = first + k * step;
+        if (v < V) w[k] = residual_update(w[k], total, to_float(q_row[v]));
+      }
+    }
+  }
+
+  // R(x) at one id x in [0, V) (the later-sibling test).
+  __device__ __forceinline__ int64_t at(int64_t x) const {
+    int64_t r = residual_first(to_float(p_row[x]), to_float(q_base[table[0] * q_stride + x]));
+    for (int i = 1; i < count; ++i) {
+      r = residual_update(r, static_cast<double>(table[N + i - 1]), to_float(q_base[table[i] * q_stride + x]));
+    }
+    return r;
+  }
 };
 
+// Sum of a row's weights over the block, to every thread (coalesced: consecutive
+// threads take consecutive ids). Every thread must call it.
 template <typename Weights>
-__device__ __forceinline__ int64_t block_total(Weights weights, int V, int64_t* scratch) {
+__device__ __forceinline__ int64_t block_total(const Weights& weights, int V, int64_t* scratch) {
   int64_t local = 0;
-  for (int64_t v = threadIdx.x; v < V; v += kWalkThreads) local += weights(v);
+  for (int64_t tile = 0; tile < V; tile += kTile) {
+    int64_t w[kItems];
+    weights.tile(static_cast<int>(tile) + static_cast<int>(threadIdx.x), kWalkThreads, V, w);
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) local += w[k];
+  }
   return block_sum_i64(local, scratch);
 }
 
 // reference sample_weights: the number of v whose inclusive cumulative weight
 // is <= threshold (= searchsorted(cdf, threshold, right=True)), in [0, V].
 // Weights are >= 0 and sum to < 2^63 (V < 2^23), so every prefix is exact.
+// Each thread owns kItems consecutive ids of a tile, so the scan runs in id order.
 template <typename Weights>
-__device__ int64_t inverse_cdf(Weights weights, int V, int64_t threshold, int64_t* scratch) {
+__device__ int64_t inverse_cdf(const Weights& weights, int V, int64_t threshold, int64_t* scratch) {
   int64_t count = 0;  // this thread's share
   int64_t carry = 0;  // total weight of the earlier tiles (block-uniform)
   for (int64_t tile = 0; tile < V; tile += kTile) {
     if (carry > threshold) break;  // uniform; every later cdf exceeds the threshold
     const int64_t first = tile + static_cast<int64_t>(threadIdx.x) * kItems;
     int64_t w[kItems];
+    weights.tile(static_cast<int>(first), 1, V, w);
     int64_t local = 0;
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      w[k] = first + k < V ? weights(first + k) : 0;
-      local += w[k];
-    }
+    for (int k = 0; k < kItems; ++k) local += w[k];
     int64_t exclusive, tile_total;
     block_exclusive_scan_i64(local, exclusive, tile_total, scratch);
     int64_t cdf = carry + exclusive;
@@ -237,24 +305,15 @@ __device__ int64_t inverse_cdf(Weights weights, int V, int64_t threshold, int64_
   return block_sum_i64(count, scratch);
 }
 
-// reference to_weights after nan_to_num(q, nan=1, posinf=1, neginf=0).clamp(0, 1).
-__device__ __forceinline__ double clean_prob(float q) {
-  float c = q;
-  if (c != c) c = 1.0f;       // NaN -> 1
-  if (c > 1.0f) c = 1.0f;     // +inf and > 1 -> 1
-  if (!(c > 0.0f)) c = 0.0f;  // -inf, negatives, -0 -> 0
-  return static_cast<double>(c);
-}
-
 template <typename T>
-__global__ void __launch_bounds__(kWalkThreads)
+__global__ void __launch_bounds__(kWalkThreads, kWalkBlocksPerSM)
 tree_rejection_sample_kernel(const T* __restrict__ target, int64_t target_stride_b,
                              int64_t target_stride_n, const T* __restrict__ draft,
                              int64_t draft_stride_b, int64_t draft_stride_n,
                              IndexMatrix tree_tokens, IndexMatrix parents, TreeRandomness rnd,
                              int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted,
-                             int64_t* __restrict__ accepted_nodes, int64_t* __restrict__ scratch,
-                             int N, int V, int64_t max_depth) {
+                             int64_t* __restrict__ accepted_nodes, int64_t* rank_tables, int N, int V,
+                             int64_t max_depth) {
   __shared__ int64_t s_reduce[kWalkWarps];
   __shared__ int s_child;   // the child just tried, or -1 when none is left
   __shared__ int s_accept;  // whether it was accepted
@@ -263,7 +322,8 @@ tree_rejection_sample_kernel(const T* __restrict__ target, int64_t target_stride
   const int64_t width = max_depth + 1;
   int64_t* row_out = out_tokens + b * width;
   int64_t* row_nodes = accepted_nodes + b * width;
-  int64_t* residual = scratch + b * V;  // written at the first rejection of a level, before any read
+  int64_t* table = rank_tables + b * (kRankTableColumns * static_cast<int64_t>(N));
+  const T* q_base = draft + b * draft_stride_b;
 
   const bool have_uniforms = rnd.uniforms != nullptr;
   const int64_t seed = rnd.seeds != nullptr ? rnd.seeds[b * rnd.seeds_stride] : rnd.seed;
@@ -275,18 +335,17 @@ tree_rejection_sample_kernel(const T* __restrict__ target, int64_t target_stride
                                : static_cast<double>(static_cast<const float*>(rnd.uniforms)[i]);
   };
 
-  // Block-uniform walk state: level, cur, rejected, total only change through
-  // values every thread reads from shared memory or gets from block_sum_i64.
+  // Block-uniform walk state: level, cur, rank, total only change through values
+  // every thread reads from shared memory or gets from block_sum_i64.
   int64_t cur = 0;
   int64_t level = 0;
   while (true) {
     const T* p_row = target + b * target_stride_b + cur * target_stride_n;
-    bool rejected = false;  // any child of cur rejected: R and total hold the residual
-    int64_t total = 0;      // S = sum(R)
+    int rank = 0;       // children of cur rejected so far (= sibling rank of the next one)
+    int64_t total = 0;  // S after the last rejection (meaningful once rank > 0)
     int64_t accepted = -1;
     if (level < max_depth) {
       int prev = 0;  // children are searched after this index
-      int rank = 0;  // sibling rank of the next child
       while (true) {
         // ---- thread 0 finds the next child and decides; the block follows --
         if (threadIdx.x == 0) {
@@ -306,16 +365,20 @@ tree_rejection_sample_kernel(const T* __restrict__ target, int64_t target_stride
               const double u = have_uniforms
                                    ? uniform_at(child)
                                    : philox_uniform(seed, offset + level, row_key, kSaltAccept, rank);
-              const T* q_row = draft + b * draft_stride_b + static_cast<int64_t>(child) * draft_stride_n;
-              const float q_x = to_float(q_row[x]);
-              if (!rejected) {
+              const float q_x = to_float(q_base[static_cast<int64_t>(child) * draft_stride_n + x]);
+              if (rank == 0) {
                 accept = accept_draft(u, q_x, to_float(p_row[x]));
               } else {
                 // reference: (u * q_x) * S < R(x), R(x) read exactly (int64 -> float64).
-                const double r_x = static_cast<double>(residual[x]);  // <= 2^40: exact
+                const ResidualWeights<T> residual{p_row, q_base, draft_stride_n, table, N, rank};
+                const double r_x = static_cast<double>(residual.at(x));  // <= 2^40: exact
                 accept = (u * static_cast<double>(q_x)) * static_cast<double>(total) < r_x;
               }
             }
+            // Every thread passed the barriers after its last read of this entry
+            // (the previous node's passes end in block_sum_i64); the barrier below
+            // publishes it before the pass reads it.
+            if (!accept) table[rank] = child;
           }
           s_child = child;
           s_accept = accept;
@@ -329,31 +392,14 @@ tree_rejection_sample_kernel(const T* __restrict__ target, int64_t target_stride
           accepted = child;
           break;
         }
-        // ---- child rejected: update the residual over the whole row --------
-        const T* q_row = draft + b * draft_stride_b + static_cast<int64_t>(child) * draft_stride_n;
-        int64_t local = 0;
-        if (!rejected) {  // R = to_weights(p - q) (float32 difference)
-          for (int64_t v = threadIdx.x; v < V; v += kWalkThreads) {
-            const int64_t w = to_weight(to_float(p_row[v]) - to_float(q_row[v]));
-            residual[v] = w;
-            local += w;
-          }
-        } else {  // R = max(0, R - floor(S * clean(q)))
-          const double s = static_cast<double>(total);
-          for (int64_t v = threadIdx.x; v < V; v += kWalkThreads) {
-            const int64_t cut = static_cast<int64_t>(floor(s * clean_prob(to_float(q_row[v]))));
-            const int64_t diff = residual[v] - cut;
-            const int64_t w = diff > 0 ? diff : 0;
-            residual[v] = w;
-            local += w;
-          }
-        }
-        // The barriers inside also make the residual writes visible to the
-        // whole block (thread 0's next test, the final draw).
-        total = block_sum_i64(local, s_reduce);
-        rejected = true;
-        prev = child;
+        // ---- child rejected: the new residual's total, recomputed over the row --
+        const ResidualWeights<T> residual{p_row, q_base, draft_stride_n, table, N, rank + 1};
+        total = block_total(residual, V, s_reduce);
+        // Read by the passes after the next rejection, behind its barriers (the
+        // next test and the draw use `total` for this rank).
+        if (threadIdx.x == 0) table[N + rank] = total;
         ++rank;
+        prev = child;
       }
     }
 
@@ -372,8 +418,9 @@ tree_rejection_sample_kernel(const T* __restrict__ target, int64_t target_stride
     const double u = have_uniforms ? uniform_at(0)
                                    : philox_uniform(seed, offset + level, row_key, kSaltFinal, 0);
     int64_t token;
-    if (rejected && total > 0) {
-      token = inverse_cdf(ResidualWeights{residual}, V, draw_threshold(u, total), s_reduce);
+    if (rank > 0 && total > 0) {
+      const ResidualWeights<T> residual{p_row, q_base, draft_stride_n, table, N, rank};
+      token = inverse_cdf(residual, V, draw_threshold(u, total), s_reduce);
     } else {  // no residual, or an empty one: draw from p; no mass at all -> 0
       const TargetWeights<T> p_weights{p_row};
       const int64_t p_total = block_total(p_weights, V, s_reduce);
@@ -429,12 +476,12 @@ void launch_rejection_typed(const void* target, int64_t target_stride_b, int64_t
                             const void* draft, int64_t draft_stride_b, int64_t draft_stride_n,
                             IndexMatrix tree_tokens, IndexMatrix parents, TreeRandomness rnd,
                             int64_t* out_tokens, int64_t* num_accepted, int64_t* accepted_nodes,
-                            int64_t* scratch, int64_t B, int64_t N, int64_t V, int64_t max_depth,
-                            cudaStream_t stream) {
-  tree_rejection_sample_kernel<T><<<static_cast<unsigned>(B), kWalkThreads, 0, stream>>>(
+                            int64_t* rank_tables, const TreeRejectionPlan& plan, int64_t N, int64_t V,
+                            int64_t max_depth, cudaStream_t stream) {
+  tree_rejection_sample_kernel<T><<<static_cast<unsigned>(plan.blocks), plan.threads, 0, stream>>>(
       static_cast<const T*>(target), target_stride_b, target_stride_n,
       static_cast<const T*>(draft), draft_stride_b, draft_stride_n, tree_tokens, parents, rnd,
-      out_tokens, num_accepted, accepted_nodes, scratch, static_cast<int>(N), static_cast<int>(V),
+      out_tokens, num_accepted, accepted_nodes, rank_tables, static_cast<int>(N), static_cast<int>(V),
       max_depth);
 }
 
@@ -483,9 +530,15 @@ void launch_tree_greedy_verify(const void* logits, int64_t stride_b, int64_t str
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 
-uint64_t tree_rejection_sample_scratch_bytes(int64_t B, int64_t V) {
-  check_arg(B >= 0 && V >= 0, "tree_rejection_sample", "B and V must be >= 0");
-  return static_cast<uint64_t>(B) * static_cast<uint64_t>(V) * sizeof(int64_t);
+TreeRejectionPlan tree_rejection_sample_plan(int64_t B, int64_t N, int64_t V) {
+  check_arg(B >= 0 && N >= 0 && V >= 0, "tree_rejection_sample", "B, N and V must be >= 0");
+  TreeRejectionPlan plan;
+  plan.blocks = B;
+  plan.threads = kWalkThreads;
+  // Independent of V: the residual rows are recomputed, not stored.
+  plan.workspace_bytes = static_cast<uint64_t>(B) * static_cast<uint64_t>(N) *
+                         static_cast<uint64_t>(kRankTableColumns) * sizeof(int64_t);
+  return plan;
 }
 
 void launch_tree_rejection_sample(const void* target_probs, int64_t target_stride_b,
@@ -493,7 +546,7 @@ void launch_tree_rejection_sample(const void* target_probs, int64_t target_strid
                                   int64_t draft_stride_b, int64_t draft_stride_n,
                                   IndexMatrix tree_tokens, IndexMatrix parents,
                                   TreeRandomness randomness, int64_t* out_tokens,
-                                  int64_t* num_accepted, int64_t* accepted_nodes, void* scratch,
+                                  int64_t* num_accepted, int64_t* accepted_nodes, void* workspace,
                                   int64_t B, int64_t N, int64_t V, int64_t max_depth, int dtype,
                                   cudaStream_t stream) {
   const char* op = "tree_rejection_sample";
@@ -503,28 +556,29 @@ void launch_tree_rejection_sample(const void* target_probs, int64_t target_strid
   check_arg(V >= 1 && V < (int64_t{1} << 23), op, "V must be in [1, 2^23)");
   if (B == 0) return;
   check_arg(target_probs && draft_probs && tree_tokens.data && parents.data && out_tokens &&
-                num_accepted && accepted_nodes && scratch,
+                num_accepted && accepted_nodes && workspace,
             op, "null device pointer");
-  check_arg(reinterpret_cast<uintptr_t>(scratch) % 8 == 0, op, "scratch must be 8-byte aligned");
-  auto* residual = static_cast<int64_t*>(scratch);
+  check_arg(reinterpret_cast<uintptr_t>(workspace) % 8 == 0, op, "workspace must be 8-byte aligned");
+  const TreeRejectionPlan plan = tree_rejection_sample_plan(B, N, V);
+  auto* rank_tables = static_cast<int64_t*>(workspace);
   switch (dtype) {
     case kFloat32:
       launch_rejection_typed<float>(target_probs, target_stride_b, target_stride_n, draft_probs,
                                     draft_stride_b, draft_stride_n, tree_tokens, parents,
                                     randomness, out_tokens, num_accepted, accepted_nodes,
-                                    residual, B, N, V, max_depth, stream);
+                                    rank_tables, plan, N, V, max_depth, stream);
       break;
     case kFloat16:
       launch_rejection_typed<__half>(target_probs, target_stride_b, target_stride_n, draft_probs,
                                      draft_stride_b, draft_stride_n, tree_tokens, parents,
                                      randomness, out_tokens, num_accepted, accepted_nodes,
-                                     residual, B, N, V, max_depth, stream);
+                                     rank_tables, plan, N, V, max_depth, stream);
       break;
     default:
       launch_rejection_typed<__nv_bfloat16>(target_probs, target_stride_b, target_stride_n,
                                             draft_probs, draft_stride_b, draft_stride_n,
                                             tree_tokens, parents, randomness, out_tokens,
-                                            num_accepted, accepted_nodes, residual, B, N, V,
+                                            num_accepted, accepted_nodes, rank_tables, plan, N, V,
                                             max_depth, stream);
       break;
   }

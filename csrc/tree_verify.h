@@ -60,18 +60,27 @@ struct TreeRandomness {
   int64_t offsets_stride;
 };
 
-// Bytes of scratch tree_rejection_sample needs: B*V int64 residual weights.
-// It need not be zeroed: every row is written before it is read.
-uint64_t tree_rejection_sample_scratch_bytes(int64_t B, int64_t V);
+// Launch plan of tree_rejection_sample: one block of `threads` per batch row, and
+// `workspace_bytes` for the rank tables (B * N * 2 int64: per sibling rank the
+// rejected child and the residual total after it). Independent of V: the kernel
+// recomputes the residual from p and the rejected siblings' q rows instead of
+// storing a [V] row per batch row. The workspace need not be zeroed (every entry
+// is written before it is read) and is left as garbage. Host-callable, no GPU.
+struct TreeRejectionPlan {
+  int64_t blocks;
+  int threads;
+  uint64_t workspace_bytes;
+};
+TreeRejectionPlan tree_rejection_sample_plan(int64_t B, int64_t N, int64_t V);
 
 // target_probs / draft_probs: [B, N, V] of `dtype`, last dim contiguous, with
-// their own element strides. scratch: the bytes above, 8-byte aligned.
+// their own element strides. workspace: plan.workspace_bytes, 8-byte aligned.
 void launch_tree_rejection_sample(const void* target_probs, int64_t target_stride_b,
                                   int64_t target_stride_n, const void* draft_probs,
                                   int64_t draft_stride_b, int64_t draft_stride_n,
                                   IndexMatrix tree_tokens, IndexMatrix parents,
                                   TreeRandomness randomness, int64_t* out_tokens,
-                                  int64_t* num_accepted, int64_t* accepted_nodes, void* scratch,
+                                  int64_t* num_accepted, int64_t* accepted_nodes, void* workspace,
                                   int64_t B, int64_t N, int64_t V, int64_t max_depth, int dtype,
                                   cudaStream_t stream);
 

@@ -452,3 +452,84 @@ def test_property_matches_reference(batch, n, vocab, dtype, mode, seed, special,
     want = reference.tree_greedy_verify(logits, g_tokens, parents, max_depth=depth)
     check_outputs(got, want, vocab)
     check_both_greedy_kernels(logits, g_tokens, parents, depth, want, block_v=16, tiles_per_program=1)
+
+
+# ------------------------------------------------------------------ the residual without a [B, V] scratch
+
+def test_many_rejected_siblings_at_two_levels():
+    """The residual after k rejected siblings is recomputed from p and their q rows (no
+    scratch row). Root: 9 children, the first 7 rejected whatever their coins (p(x) = 0),
+    with NaN / +inf / -inf / all-zero entries in their q rows, then one accepted through
+    the residual rule (q(x) = 0 < R(x), nothing cut there). Node 8: 4 children (fewer ranks than the root
+    used, so entries left in the rank table from the root must not leak), 3 rejected, then
+    the draw from the residual. BLOCK_V = 16 puts every pass over several tiles."""
+    vocab, batch = 50, 3
+    gen = torch.Generator().manual_seed(41)
+    parents = torch.tensor([[-1] + [0] * 9 + [8] * 4] * batch)
+    n = parents.shape[1]
+    target = torch.softmax(torch.randn(batch, n, vocab, generator=gen), -1)
+    draft = torch.softmax(torch.randn(batch, n, vocab, generator=gen), -1)
+    tokens = torch.randint(0, vocab, (batch, n), generator=gen)
+    tokens[:, 1:8] = torch.arange(1, 8)  # the first 7 root children: ids 1..7, all with p = 0
+    target[:, 0, 1:8] = 0.0
+    draft[:, 2, ::5] = NAN  # q_clean -> 1: floor(S * 1) empties those ids
+    draft[:, 3, 10] = INF
+    draft[:, 4, 11:13] = -INF
+    draft[:, 5] = 0.0  # an all-zero q: the update leaves R as it is
+    draft[:, 1:9, 31] = 0.0  # child 8 (token 31): nothing cut at 31, q(x) = 0 < R(x): accepted
+    tokens[:, 8] = 31
+    target[:, 0, 31] = 0.5
+    tokens[:, 10:13] = torch.tensor([40, 41, 42])  # node 8's first 3 children: p = 0 there
+    target[:, 8, 40:43] = 0.0
+    tokens[:, 13] = 43
+    target[:, 8, 43] = 0.0  # and the 4th too: the row ends with a draw from the residual
+    depth = reference.max_tree_depth(parents)
+    modes = all_modes(batch, n, gen) + [dict(uniforms=torch.zeros(batch, n))]
+    for kwargs in modes:
+        want = reference.tree_rejection_sample(target, draft, tokens, parents, max_depth=depth, **kwargs)
+        assert want[2][:, 1].tolist() == [8] * batch and want[1].tolist() == [1] * batch
+        for block_v in (16, BLOCK_V_DEFAULT):
+            got = triton_module._launch_rejection(target, draft, tokens, parents, max_depth=depth,
+                                                  block_v=block_v, **kwargs)
+            check_outputs(got, want, vocab, f"block_v={block_v} {sorted(kwargs)}")
+        assert_sample_matches(target, draft, tokens, parents, **kwargs)
+
+
+BLOCK_V_DEFAULT = triton_module.BLOCK_V
+
+
+class _AllocationLog(torch.utils._python_dispatch.TorchDispatchMode):
+    """Bytes of every tensor created by a torch factory or copy op inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and func._schema.name.split("::")[-1] in (
+                "empty", "empty_strided", "zeros", "ones", "full", "zeros_like", "empty_like", "full_like",
+                "new_empty", "new_zeros", "new_full", "clone", "new_empty_strided"):
+            self.sizes.append(out.untyped_storage().nbytes())
+        return out
+
+
+def test_no_allocation_scales_with_batch_times_vocab():
+    """The launcher used to allocate an int64 [B, V] residual scratch per call (311 MB at
+    B = 256, V = 151936). Now its buffers depend on (B, N) only: every tensor the call
+    creates stays below one byte per (row, id), at a shape where V dwarfs N."""
+    batch, n, vocab = 4, 5, 4096
+    gen = torch.Generator().manual_seed(5)
+    target, draft, tokens, parents = make_tree(batch, n, vocab, torch.float32, gen)
+    depth = reference.max_tree_depth(parents)
+    log = _AllocationLog()
+    with log:
+        got = triton_module.tree_rejection_sample(target, draft, tokens, parents, max_depth=depth, seed=3)
+    want = reference.tree_rejection_sample(target, draft, tokens, parents, max_depth=depth, seed=3)
+    check_outputs(got, want, vocab)
+    assert log.sizes, "the log saw no allocation at all (not even the outputs)"
+    assert max(log.sizes) < batch * vocab, log.sizes
+    plan = triton_module.rejection_plan(256, 64, 151936)
+    assert plan["grid"] == (256,)
+    assert plan["table_bytes"] == 256 * 2 * 64 * 8  # 256 KiB, whatever V (was 256 * 151936 * 8 = 311 MB)
+    assert triton_module.rejection_plan(256, 64, 1)["table_bytes"] == plan["table_bytes"]

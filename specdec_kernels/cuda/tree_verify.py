@@ -1,5 +1,5 @@
 """CUDA backends of `tree_greedy_verify` and `tree_rejection_sample` (csrc/tree_verify.cu):
-one kernel launch per call, no host sync, buffers sized by (B, N, V) only."""
+one kernel launch per call, no host sync, buffers sized by (B, N) only."""
 
 import torch
 
@@ -32,8 +32,10 @@ def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, ma
     seeds = seed if isinstance(seed, torch.Tensor) else None
     seed_int = 0 if seeds is not None or seed is None else int(seed)
     out_tokens, num_accepted, accepted_nodes = tree_outputs(tree_tokens, max_depth)
-    # Residual weights [B, V] int64: every row is written before it is read, so no zeroing.
-    scratch = torch.empty(max(batch * vocab, 1), dtype=torch.int64, device=device)
+    # The rank tables (B * N * 2 int64, whatever V): every entry is written before it is read,
+    # so no zeroing. The residual itself is recomputed in the kernel, never stored.
+    plan = lib.tree_rejection_sample_plan(batch, n, vocab)
+    workspace = torch.empty(max(plan["workspace_bytes"] // 8, 1), dtype=torch.int64, device=device)
     with on_device(device):
         lib.tree_rejection_sample(
             target_probs.data_ptr(), target_probs.stride(0), target_probs.stride(1),
@@ -44,7 +46,7 @@ def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, ma
             0 if uniforms is None else uniforms.stride(0), 0 if uniforms is None else uniforms.stride(1),
             seed_int, pointer(seeds), 0 if seeds is None else seeds.stride(0),
             pointer(offsets), 0 if offsets is None else offsets.stride(0),
-            out_tokens.data_ptr(), num_accepted.data_ptr(), accepted_nodes.data_ptr(), scratch.data_ptr(),
+            out_tokens.data_ptr(), num_accepted.data_ptr(), accepted_nodes.data_ptr(), workspace.data_ptr(),
             batch, n, vocab, max_depth, DTYPE_CODES[target_probs.dtype], stream_handle(device))
     return out_tokens, num_accepted, accepted_nodes
 

@@ -24,17 +24,25 @@ tree_rejection_sample: at node `cur` (p = target_probs[b, cur]) the children are
 index order with the reference's fixed-point rules (reference/tree_verify.py):
 - the first child reads two scalars, p(x) and q_c(x), and accepts iff u * q(x) < p(x) in
   float64 (ids outside [0, V) read nothing and are rejected);
-- a rejection streams the child's q row once: the first one writes R = to_weights(p - q)
-  to a scratch row (int64 [B, V], its size depends on the shapes only), a later one
-  updates R <- max(0, R - floor(S * q_clean)) in place; both sum the new total S;
-- a later child reads q(x) and R(x) and accepts iff (u * q(x)) * S < R(x), all in float64
-  (R(x) <= 2^40 is exact there).
-So only the tried children's token values are read, plus one full-V pass per rejected
-child. When no child is accepted (all rejected, a leaf, or depth max_depth: the bonus)
-the row draws its final token: from R when S > 0, else from p's weights (one pass to sum
-them), else id 0; the draw is the usual count of cdf entries <= floor(u * total) over
-BLOCK_V tiles. The scratch row is written and read by the same program only, with a
-barrier before and after each update pass (scalar reads of R(x) come from any thread).
+- after k rejected siblings c_1..c_k the residual is R_1 = to_weights(p - q_c1) and
+  R_j = max(0, R_{j-1} - floor(S_{j-1} * q_clean_cj)), S_j = sum R_j. Each R_j(v) depends
+  only on p(v), the rejected siblings' q(v) and the scalars S_1..S_{j-1}, so nothing of
+  size V is stored: a rejection runs one pass over p and the k rejected q rows that
+  recomputes R_k tile by tile and sums S_k, and a later child's test recomputes the one
+  value R_k(x) from k + 1 scalar loads, accepting iff (u * q(x)) * S_k < R_k(x) in float64
+  (R(x) <= 2^40 is exact there);
+- the rank table (int64 [B, 2N], `rejection_plan`) holds, per sibling rank, the rejected
+  child and the total after it, for those recomputations. Its entries are written by the
+  row's own program, behind a barrier, before any thread reads them.
+When no child is accepted (all rejected, a leaf, or depth max_depth: the bonus) the row
+draws its final token: from R_k when S_k > 0 (one more recomputing pass, the usual count of
+cdf entries <= floor(u * S) over BLOCK_V tiles), else from p's weights (one pass to sum
+them, one to draw), else id 0.
+Traffic: the k-th rejection at a node reads k + 1 rows, so k rejected siblings cost
+k(k+3)/2 row reads plus k + 1 for a residual draw, instead of the old scratch's k reads of
+q plus an int64 row written and re-read per rejection (8-16 bytes per id): recomputing
+reads less up to about k = 13 rejected siblings of one node in 16-bit dtypes and k = 5 in
+float32, and a node with more rejected siblings than that pays the quadratic term.
 
 Coins: caller uniforms [B, N] (column c = node c's coin, column 0 the final draw), or
 Philox(seed, offsets[b] + level, row key, SALT_ACCEPT, sibling rank) for a coin and
@@ -44,9 +52,17 @@ the reference's float64 expressions, so both ops equal the reference bit for bit
 every dtype.
 
 tree_rejection_sample runs one program per row (grid (B,)), which leaves most SMs idle for
-small B and large V: splitting its residual passes over programs would need a cross-program
-handshake per rejected child, which one launch cannot do without programs waiting on each
-other.
+small B and large V. Splitting a row over V needs a grid-wide handshake per rejected
+sibling: S_{j-1} gates both the next child's test and every value of R_j, so the programs
+of a row would have to wait for each other once per rejection. Per-row tickets give one
+merge only (the last program goes on alone); waiting requires every program of the row to
+be resident at once, which a plain launch does not promise (a grid larger than what can
+be resident deadlocks, e.g. under an MPS SM limit, and the interpreter, which runs programs
+one after another, always would). Ways out, for a later step with a GPU to test on: a
+cooperative launch or an sm_90 cluster per row (co-residency promised), or per-row work
+stealing (programs claim the V-chunks of the current stage from an atomic counter, the one
+finishing the last chunk decides and opens the next stage; a program only ever waits for
+chunks that running programs have claimed, so it needs no co-residency).
 """
 
 import torch
@@ -198,40 +214,74 @@ def _tree_greedy_split_kernel(logits_ptr, tok_ptr, par_ptr, part_val_ptr, part_i
 # ------------------------------------------------------------------ tree_rejection_sample
 
 @triton.jit
-def _residual_first(scratch_row, p_row, q_row, vocab, BLOCK_V: tl.constexpr):
-    """R = to_weights(p - q) into the scratch row; returns S = sum R."""
+def _clean_prob(q):
+    """float64 of q with NaN/+inf -> 1, -inf -> 0, clamped to [0, 1] (reference q_clean)."""
+    q = tl.where(q != q, 1.0, q)
+    return tl.minimum(tl.maximum(q, 0.0), 1.0).to(tl.float64)
+
+
+@triton.jit
+def _residual_at(p_row, q_base, stride_qn, table, n, count, offs, m):
+    """R(offs) after the first `count` (>= 1) children of the current node were rejected,
+    recomputed from p and their q rows: R = to_weights(p - q_c0), then for each later
+    rejected sibling R <- max(0, R - floor(S * q_clean)) with S the total stored for the
+    rank before it. Lanes outside the mask weigh 0 (p = q = 0 there)."""
+    p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float32)
+    q = tl.load(q_base + tl.load(table) * stride_qn + offs, mask=m, other=0.0).to(tl.float32)
+    r = to_weights(p - q)
+    for i in range(1, count):
+        node = tl.load(table + i)
+        total_f = tl.load(table + n + i - 1).to(tl.float64)
+        q_clean = _clean_prob(tl.load(q_base + node * stride_qn + offs, mask=m, other=0.0).to(tl.float32))
+        cut = (total_f * q_clean).to(tl.int64)  # >= 0, so the truncating cast is the floor
+        r = tl.maximum(r - cut, 0)
+    return r
+
+
+# Above any R(x) (<= 2^40): clamping each cut to it keeps a sum of N of them inside int64.
+CUT_CAP: tl.constexpr = tl.constexpr(2**41)
+
+
+@triton.jit
+def _residual_at_token(p_row, q_base, stride_qn, table, n, count, x, in_range, lanes):
+    """R(x) at one id after `count` (>= 1) rejected siblings, loop-free over the BLOCK_N
+    lanes (lane i = rank i): since every cut is >= 0, max(0, max(0, a - c) - d) equals
+    max(0, a - c - d), so R_k(x) = max(0, R_1(x) - sum_i min(cut_i(x), CUT_CAP)); a capped
+    cut exceeds R_1(x) and empties R(x) in both forms. Same value as `_residual_at`, but one
+    vector load instead of a serial loop in the walk (which made the sm_90 build spill)."""
+    p = tl.load(p_row + x, mask=in_range, other=0.0).to(tl.float32)
+    q = tl.load(q_base + tl.load(table) * stride_qn + x, mask=in_range, other=0.0).to(tl.float32)
+    later = (lanes >= 1) & (lanes < count)
+    nodes = tl.load(table + lanes, mask=later, other=0)
+    totals = tl.load(table + n + lanes - 1, mask=later, other=0).to(tl.float64)
+    q_later = _clean_prob(tl.load(q_base + nodes * stride_qn + x, mask=later & in_range, other=0.0).to(tl.float32))
+    cuts = tl.minimum((totals * q_later).to(tl.int64), CUT_CAP)  # masked lanes: 0
+    return tl.maximum(to_weights(p - q) - tl.sum(cuts, axis=0), 0)
+
+
+@triton.jit
+def _residual_total(p_row, q_base, stride_qn, table, n, count, vocab, BLOCK_V: tl.constexpr):
+    """S = sum_v R(v) after `count` rejected siblings (one pass over p and their q rows)."""
     lanes = tl.arange(0, BLOCK_V).to(tl.int64)
     total = tl.full((), 0, tl.int64)
     for start in range(0, vocab, BLOCK_V):
         offs = start + lanes
-        m = offs < vocab
-        p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float32)
-        q = tl.load(q_row + offs, mask=m, other=0.0).to(tl.float32)
-        w = to_weights(p - q)
-        tl.store(scratch_row + offs, w, mask=m)
-        total += tl.sum(tl.where(m, w, 0), axis=0)
+        total += tl.sum(_residual_at(p_row, q_base, stride_qn, table, n, count, offs, offs < vocab), axis=0)
     return total
 
 
 @triton.jit
-def _residual_update(scratch_row, q_row, total, vocab, BLOCK_V: tl.constexpr):
-    """R <- max(0, R - floor(float64(S) * q_clean)) in place (q: NaN/+inf -> 1, -inf -> 0,
-    clamped to [0, 1]); returns the new S."""
+def _draw_residual(p_row, q_base, stride_qn, table, n, count, threshold, vocab, BLOCK_V: tl.constexpr):
     lanes = tl.arange(0, BLOCK_V).to(tl.int64)
-    total_f = total.to(tl.float64)
-    new_total = tl.full((), 0, tl.int64)
+    count_below = tl.full((), 0, tl.int64)
+    carry = tl.full((), 0, tl.int64)
     for start in range(0, vocab, BLOCK_V):
         offs = start + lanes
         m = offs < vocab
-        r = tl.load(scratch_row + offs, mask=m, other=0)
-        q = tl.load(q_row + offs, mask=m, other=0.0).to(tl.float32)
-        q = tl.where(q != q, 1.0, q)
-        q = tl.minimum(tl.maximum(q, 0.0), 1.0).to(tl.float64)
-        cut = (total_f * q).to(tl.int64)  # >= 0, so the truncating cast is the floor
-        w = tl.maximum(r - cut, 0)
-        tl.store(scratch_row + offs, w, mask=m)
-        new_total += tl.sum(tl.where(m, w, 0), axis=0)
-    return new_total
+        w = _residual_at(p_row, q_base, stride_qn, table, n, count, offs, m)
+        count_below += count_at_or_below(w, carry, threshold, m)
+        carry += tl.sum(w, axis=0)
+    return count_below
 
 
 @triton.jit
@@ -243,20 +293,6 @@ def _p_total(p_row, vocab, BLOCK_V: tl.constexpr):
         p = tl.load(p_row + offs, mask=offs < vocab, other=0.0).to(tl.float32)
         total += tl.sum(to_weights(p), axis=0)  # masked lanes weigh 0
     return total
-
-
-@triton.jit
-def _draw_residual(scratch_row, threshold, vocab, BLOCK_V: tl.constexpr):
-    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
-    count = tl.full((), 0, tl.int64)
-    carry = tl.full((), 0, tl.int64)
-    for start in range(0, vocab, BLOCK_V):
-        offs = start + lanes
-        m = offs < vocab
-        w = tl.load(scratch_row + offs, mask=m, other=0)
-        count += count_at_or_below(w, carry, threshold, m)
-        carry += tl.sum(w, axis=0)
-    return count
 
 
 @triton.jit
@@ -275,17 +311,19 @@ def _draw_p(p_row, threshold, vocab, BLOCK_V: tl.constexpr):
 
 @triton.jit(do_not_specialize=["seed"])
 def _tree_rejection_kernel(
-        target_ptr, draft_ptr, tok_ptr, par_ptr, uniforms_ptr, seeds_ptr, offsets_ptr, scratch_ptr,
+        target_ptr, draft_ptr, tok_ptr, par_ptr, uniforms_ptr, seeds_ptr, offsets_ptr, table_ptr,
         out_ptr, num_acc_ptr, nodes_ptr, seed, n, vocab, max_depth,
         stride_tb, stride_tn, stride_qb, stride_qn, stride_kb, stride_kn, stride_pb, stride_pn,
-        stride_ub, stride_un, stride_s, stride_o, stride_ob, stride_nb,
+        stride_ub, stride_un, stride_s, stride_o, stride_ob, stride_nb, stride_table,
         RANDOM: tl.constexpr, HAS_OFFSETS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK_N).to(tl.int64)
     in_tree = lanes < n
     par = tl.load(par_ptr + b * stride_pb + lanes * stride_pn, mask=in_tree, other=-2).to(tl.int64)
     tok = tl.load(tok_ptr + b * stride_kb + lanes * stride_kn, mask=in_tree, other=-1).to(tl.int64)
-    scratch_row = scratch_ptr + b * vocab
+    # the row's rank table: [rank] the rejected child, [n + rank] the total S after it
+    table = table_ptr + b * stride_table
+    q_base = draft_ptr + b * stride_qb
 
     seed_b, row_key, offset = row_stream(seeds_ptr, offsets_ptr, b, seed, stride_s, stride_o, RANDOM, HAS_OFFSETS)
 
@@ -297,9 +335,8 @@ def _tree_rejection_kernel(
     alive = tl.full((), 1, tl.int1)
     while alive:
         p_row = target_ptr + b * stride_tb + cur * stride_tn
-        rejected_any = tl.full((), 0, tl.int1)
-        total = tl.full((), 0, tl.int64)  # S, meaningful once rejected_any
-        rank = tl.full((), 0, tl.int64)  # sibling rank of the child being tried
+        total = tl.full((), 0, tl.int64)  # S after the last rejection, meaningful once rank > 0
+        rank = tl.full((), 0, tl.int64)  # sibling rank of the child being tried = siblings rejected so far
         accepted = tl.full((), -1, tl.int64)
         # no child is tried at depth max_depth (the bonus)
         child = tl.where(level < max_depth, _next_child(par, lanes, cur, cur, n), n)
@@ -307,31 +344,32 @@ def _tree_rejection_kernel(
             x = tl.sum(tl.where(lanes == child, tok, 0), axis=0)
             in_range = (x >= 0) & (x < vocab)
             safe_x = tl.where(in_range, x, 0)  # never address outside the row
-            q_row = draft_ptr + b * stride_qb + child * stride_qn
             p_x = tl.load(p_row + safe_x, mask=in_range, other=0.0).to(tl.float32).to(tl.float64)
-            q_x = tl.load(q_row + safe_x, mask=in_range, other=0.0).to(tl.float32).to(tl.float64)
+            q_x = tl.load(q_base + child * stride_qn + safe_x, mask=in_range, other=0.0).to(tl.float32).to(tl.float64)
+            r_x = tl.full((), 0.0, tl.float64)
+            if rank > 0:  # R(x) <= 2^40 is exact in float64
+                r_x = _residual_at_token(p_row, q_base, stride_qn, table, n, rank, safe_x, in_range,
+                                         lanes).to(tl.float64)
             if RANDOM == UNIFORMS:
                 u = tl.load(uniforms_ptr + b * stride_ub + child * stride_un).to(tl.float64)
             else:
                 u = philox_uniform(seed_b, offset + level, row_key, SALT_ACCEPT, rank)
-            # R(x) <= 2^40 is exact in float64
-            r_x = tl.load(scratch_row + safe_x, mask=in_range & rejected_any, other=0).to(tl.float64)
             first_rule = u * q_x < p_x
             later_rule = (u * q_x) * total.to(tl.float64) < r_x
-            accept = in_range & tl.where(rejected_any, later_rule, first_rule)
+            accept = in_range & tl.where(rank > 0, later_rule, first_rule)
             if accept:
                 accepted = child
                 child = tl.full((), 0, tl.int64) + n  # stop trying siblings
             else:
-                # every thread has read R(x) (and earlier levels' R) before any rewrites it,
-                # and the new R is complete before any thread reads it back
+                # every thread is done with the table's earlier entries (the last node's
+                # passes) before one rewrites them; the entry is stored before any reads it
                 tl.debug_barrier()
-                if rejected_any:
-                    total = _residual_update(scratch_row, q_row, total, vocab, BLOCK_V)
-                else:
-                    total = _residual_first(scratch_row, p_row, q_row, vocab, BLOCK_V)
+                tl.store(table + rank, child)
                 tl.debug_barrier()
-                rejected_any = tl.full((), 1, tl.int1)
+                total = _residual_total(p_row, q_base, stride_qn, table, n, rank + 1, vocab, BLOCK_V)
+                # read only by the passes after the next rejection (behind its barriers): the
+                # tests and the draw use the running `total` for the last rank
+                tl.store(table + n + rank, total)
                 rank += 1
                 child = _next_child(par, lanes, cur, child, n)
         moving = accepted >= 0
@@ -346,9 +384,10 @@ def _tree_rejection_kernel(
                 u_final = tl.load(uniforms_ptr + b * stride_ub).to(tl.float64)
             else:
                 u_final = philox_uniform(seed_b, offset + level, row_key, SALT_FINAL, 0)
-            use_r = rejected_any & (total > 0)
+            use_r = (rank > 0) & (total > 0)
             if use_r:
-                final = _draw_residual(scratch_row, draw_threshold(u_final, total), vocab, BLOCK_V)
+                final = _draw_residual(p_row, q_base, stride_qn, table, n, rank, draw_threshold(u_final, total),
+                                       vocab, BLOCK_V)
                 final = tl.minimum(final, vocab - 1)  # threshold < S: only guards the id range
             else:
                 total_p = _p_total(p_row, vocab, BLOCK_V)
@@ -401,6 +440,21 @@ def _launch_greedy(target_logits, tree_tokens, parents, *, max_depth: int, block
     return out_tokens, num_accepted, accepted_nodes
 
 
+RANK_TABLE_COLUMNS = 2  # per node slot of a row: the rejected child of that rank, the total S after it
+
+
+def rejection_plan(batch: int, n: int, vocab: int) -> dict:
+    """Launch plan of `tree_rejection_sample`: the grid and the one per-call buffer.
+
+    One program per row (grid (B,)). The only buffer is the rank table, int64 [B, 2 * N]
+    (for each rejected sibling rank: the child and the residual total after it), so the
+    memory depends on (B, N) and never on V: the residual weights are recomputed from p
+    and the rejected siblings' q rows instead of being stored.
+    """
+    return dict(grid=(batch,), table_shape=(batch, RANK_TABLE_COLUMNS * n),
+                table_bytes=batch * RANK_TABLE_COLUMNS * n * 8)
+
+
 def _launch_rejection(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None, seed=None,
                       offsets=None, block_v: int = BLOCK_V):
     batch, n = tree_tokens.shape
@@ -411,20 +465,22 @@ def _launch_rejection(target_probs, draft_probs, tree_tokens, parents, *, max_de
         return out_tokens, num_accepted, accepted_nodes
     mode, seed_int, seeds = randomness_mode(uniforms, seed)
     has_offsets = offsets is not None and mode != UNIFORMS.value
-    scratch = torch.empty(batch, vocab, dtype=torch.int64, device=device)  # residual weights, one row per program
+    plan = rejection_plan(batch, n, vocab)
+    # every entry is stored before it is read (by the program that owns the row): no zeroing
+    table = torch.empty(plan["table_shape"], dtype=torch.int64, device=device)
     placeholder = tree_tokens  # any tensor on the device; never read when its flag is off
     uniforms_t = placeholder if uniforms is None else uniforms
     seeds_t = placeholder if seeds is None else seeds
     offsets_t = offsets if has_offsets else placeholder
     with device_scope(device):
-        _tree_rejection_kernel[(batch,)](
-            target_probs, draft_probs, tree_tokens, parents, uniforms_t, seeds_t, offsets_t, scratch,
+        _tree_rejection_kernel[plan["grid"]](
+            target_probs, draft_probs, tree_tokens, parents, uniforms_t, seeds_t, offsets_t, table,
             out_tokens, num_accepted, accepted_nodes, seed_int, n, vocab, max_depth,
             target_probs.stride(0), target_probs.stride(1), draft_probs.stride(0), draft_probs.stride(1),
             tree_tokens.stride(0), tree_tokens.stride(1), parents.stride(0), parents.stride(1),
             uniforms_t.stride(0) if uniforms is not None else 0, uniforms_t.stride(1) if uniforms is not None else 0,
             seeds_t.stride(0) if seeds is not None else 0, offsets_t.stride(0) if has_offsets else 0,
-            out_tokens.stride(0), accepted_nodes.stride(0),
+            out_tokens.stride(0), accepted_nodes.stride(0), table.stride(0),
             RANDOM=mode, HAS_OFFSETS=has_offsets, BLOCK_N=triton.next_power_of_2(n),
             BLOCK_V=_block_v(vocab, block_v))
     return out_tokens, num_accepted, accepted_nodes
