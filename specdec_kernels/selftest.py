@@ -179,7 +179,8 @@ def random_logits(batch, rows, vocab, dtype, gen, device, scale=3.0):
 
 def near_top_drafts(logits, gen, wild=0.1):
     """Half the drafts the argmax, the others a token of rank 1..4, a `wild` fraction random
-    or invalid (-1, V): accepted prefixes of every length, plus rejections."""
+    or -1: accepted prefixes of every length, plus rejections. (Ids >= V would fail the op's
+    validation on the CPU; the GPU tests cover them.)"""
     from .reference._sampling import nan_to_neg_inf
 
     batch, positions, vocab = logits.shape
@@ -188,7 +189,7 @@ def near_top_drafts(logits, gen, wild=0.1):
     rank = torch.randint(0, top.shape[-1], (batch, g), generator=gen, device=device)
     rank = torch.where(torch.rand(batch, g, generator=gen, device=device) < 0.5, torch.zeros_like(rank), rank)
     drafts = top.gather(-1, rank.unsqueeze(-1)).squeeze(-1)
-    noise = torch.randint(-1, vocab + 1, (batch, g), generator=gen, device=device)
+    noise = torch.randint(-1, vocab, (batch, g), generator=gen, device=device)  # -1: padding, never accepted
     return torch.where(torch.rand(batch, g, generator=gen, device=device) < wild, noise, drafts)
 
 
@@ -778,7 +779,7 @@ def graph_check(plan: Plan, case: Case, backend: str):
     torch.cuda.current_stream(device).wait_stream(stream)
     torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):  # the warm-up's stream: per-stream workspaces already exist
         captured = case.run(static, backend)
     _copy_into(static, case.build(plan.seed + 202))
     graph.replay()
@@ -856,8 +857,9 @@ def engine_results(plan: Plan, backends: tuple) -> list[Result]:
     return results
 
 
-def execute(plan: Plan) -> list[Result]:
-    """Run the plan's checks (progress on stderr); a lost CUDA context stops the remaining ones."""
+def execute(plan: Plan, progress: Callable = lambda op, done, seconds: None) -> list[Result]:
+    """Run the plan's checks, calling progress(op, its results) after each op; a lost CUDA
+    context stops the remaining GPU checks (they are reported as skipped)."""
     from . import ops
 
     results = plan.results
@@ -894,10 +896,9 @@ def execute(plan: Plan) -> list[Result]:
                     results.append(Result(op, "-", "CUDA context", "-", FAIL,
                                           message=f"a CUDA error poisoned the context at {lost}; the remaining GPU "
                                                   "checks are not run (rerun with --ops to isolate)"))
-        done = results[before:]
-        print(f"  {op}: {sum(r.status == PASS for r in done)} passed, {sum(r.status == FAIL for r in done)} failed, "
-              f"{sum(r.status == SKIP for r in done)} skipped ({time.perf_counter() - started:.1f} s)",
-              file=sys.stderr, flush=True)
+        if plan.device.type == "cuda":
+            torch.cuda.empty_cache()  # the production shapes of the next op start from a clean pool
+        progress(op, results[before:], time.perf_counter() - started)
     if plan.engine and "engine" in plan.ops:
         started, before = time.perf_counter(), len(results)
         engine_backends = plan.backends if plan.device.type == "cuda" else ("torch",)
@@ -918,9 +919,7 @@ def execute(plan: Plan) -> list[Result]:
             except ContextLost as error:
                 results.append(Result("engine", "-", "CUDA context", "-", FAIL,
                                       message=f"a CUDA error poisoned the context at {error}"))
-        done = results[before:]
-        print(f"  engine: {sum(r.status == PASS for r in done)} passed, {sum(r.status == FAIL for r in done)} failed "
-              f"({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
+        progress("engine", results[before:], time.perf_counter() - started)
     return results
 
 
@@ -992,7 +991,7 @@ def matrix(results: list[Result]) -> dict:
     return table
 
 
-def format_report(info: dict, results: list[Result], seconds: float) -> str:
+def format_header(info: dict) -> str:
     lines = []
     if info["device"].startswith("cuda"):
         driver = info.get("nvidia_driver") or "?"
@@ -1006,16 +1005,25 @@ def format_report(info: dict, results: list[Result], seconds: float) -> str:
                  f"python {info['python']}")
     module = info.get("cuda_module", {})
     if module.get("loaded"):
-        lines.append(f"_C: loaded, archs {' '.join(module.get('archs') or []) or '?'}, built with CUDA runtime "
-                     f"{module.get('cuda_runtime_version')}")
+        runtime = module.get("cuda_runtime_version")
+        if isinstance(runtime, int):  # cudaRuntimeGetVersion's 1000 * major + 10 * minor
+            runtime = f"{runtime // 1000}.{runtime % 1000 // 10}"
+        archs = " ".join(f"sm_{arch}" for arch in module.get("archs") or []) or "?"
+        lines.append(f"_C: loaded, built for {archs} with CUDA runtime {runtime}")
     else:
         lines.append(f"_C: not loaded ({module.get('error') or 'not built'}): the cuda backend is not checked")
-    lines.append(f"shapes: {info['profile']}; CUDA graphs: {'on' if info['graphs'] else 'off'}; "
-                 f"engine: {'on' if info['engine'] else 'off'}")
+    lines.append(f"shapes: {info['profile']}; backends: {', '.join(info['backends']) or 'none'}; "
+                 f"CUDA graphs: {'on' if info['graphs'] else 'off'}; engine: {'on' if info['engine'] else 'off'}")
+    return "\n".join(lines)
+
+
+def format_report(results: list[Result], seconds: float) -> str:
+    """The matrix (ops x backends: passed/ran, failures, skips), every failure, the skip reasons, the verdict."""
+    lines = []
     table = matrix(results)
-    backends = sorted({b for row in table.values() for b in row}, key=lambda b: (b == "-", b))
+    order = {"cuda": 0, "triton": 1, "torch": 2}
+    backends = sorted({b for row in table.values() for b in row}, key=lambda b: (order.get(b, 3), b))
     width = max([len(op) for op in table] + [8])
-    lines.append("")
     lines.append(f"{'op':<{width}}  " + "  ".join(f"{b:<18}" for b in backends).rstrip())
     for op, row in table.items():
         cells = []
@@ -1049,9 +1057,9 @@ def format_report(info: dict, results: list[Result], seconds: float) -> str:
         for (op, backend, reason), count in reasons.items():
             lines.append(f"  {op} [{backend}] x{count}: {reason}")
     passed = sum(r.status == PASS for r in results)
-    verdict = "FAIL" if failures else ("PASS" if passed else "NOTHING RAN")
+    outcome = "FAIL" if failures else ("PASS" if passed else "NOTHING RAN")
     lines.append("")
-    lines.append(f"selftest: {passed} passed, {len(failures)} failed, {len(skips)} skipped in {seconds:.1f} s: {verdict}")
+    lines.append(f"selftest: {passed} passed, {len(failures)} failed, {len(skips)} skipped in {seconds:.1f} s: {outcome}")
     return "\n".join(lines)
 
 
@@ -1079,8 +1087,11 @@ def fail(message: str) -> int:
 
 
 def run(args) -> int:
-    device = torch.device(args.device)
-    if device.type not in ("cuda", "cpu"):
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
         return fail(f"--device {args.device}: use cuda, cuda:N, or cpu (which only tests the selftest itself)")
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -1114,10 +1125,20 @@ def run(args) -> int:
                 ops=tuple(name for name in known if name in wanted), graphs=not args.no_graphs,
                 engine=not args.no_engine, seed=args.seed)
     info = header(plan)
-    print(f"specdec-kernels selftest on {info['name']} ({info['device']}); progress:", file=sys.stderr, flush=True)
+    print(format_header(info), flush=True)
     start = time.perf_counter()
+
+    def progress(op, done, op_seconds):
+        print(f"  {op}: {sum(r.status == PASS for r in done)} passed, {sum(r.status == FAIL for r in done)} failed, "
+              f"{sum(r.status == SKIP for r in done)} skipped ({op_seconds:.1f} s)", file=sys.stderr, flush=True)
+        for r in done:
+            if r.status == FAIL:
+                print(f"    FAIL [{r.backend}] {r.case} {r.dtype}: {r.message}", file=sys.stderr, flush=True)
+        if args.json:  # rewritten after every op, so a run cut off by a timeout keeps what it checked
+            write_json(args.json, info, plan.results, time.perf_counter() - start, finished=False)
+
     try:
-        results = execute(plan)
+        results = execute(plan, progress)
     except KeyboardInterrupt:
         results = plan.results
         results.append(Result("selftest", "-", "interrupted", "-", FAIL, message="interrupted (Ctrl-C)"))
@@ -1125,14 +1146,22 @@ def run(args) -> int:
         results = plan.results
         results.append(Result("selftest", "-", "internal error", "-", FAIL, message=traceback.format_exc(limit=3)))
     seconds = time.perf_counter() - start
-    print(format_report(info, results, seconds), flush=True)
-    failed = any(r.status == FAIL for r in results)
-    passed = any(r.status == PASS for r in results)
+    print()
+    print(format_report(results, seconds), flush=True)
     if args.json:
-        summary = {"passed": sum(r.status == PASS for r in results), "failed": sum(r.status == FAIL for r in results),
-                   "skipped": sum(r.status == SKIP for r in results), "seconds": round(seconds, 2),
-                   "ok": passed and not failed}
-        Path(args.json).write_text(json.dumps({"header": info, "summary": summary, "matrix": matrix(results),
-                                               "checks": [asdict(r) for r in results]}, indent=1))
+        write_json(args.json, info, results, seconds, finished=True)
         print(f"wrote {args.json}")
-    return EXIT_FAILED if failed or not passed else EXIT_OK
+    return EXIT_OK if verdict(results) else EXIT_FAILED
+
+
+def verdict(results: list[Result]) -> bool:
+    """Passed: something ran and nothing failed (skips are listed, not failures)."""
+    return any(r.status == PASS for r in results) and not any(r.status == FAIL for r in results)
+
+
+def write_json(path: str, info: dict, results: list[Result], seconds: float, *, finished: bool) -> None:
+    summary = {"passed": sum(r.status == PASS for r in results), "failed": sum(r.status == FAIL for r in results),
+               "skipped": sum(r.status == SKIP for r in results), "seconds": round(seconds, 2),
+               "finished": finished, "ok": finished and verdict(results)}
+    Path(path).write_text(json.dumps({"header": info, "summary": summary, "matrix": matrix(results),
+                                      "checks": [asdict(r) for r in results]}, indent=1))
