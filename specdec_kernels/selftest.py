@@ -260,6 +260,22 @@ def bild_threshold(logits, drafts, start, margin=1e-3):
     return t
 
 
+def compare_bild(got, want, inputs):
+    """Equal rows, except rows with a draft NLL within the logsumexp rounding band of the
+    threshold (none at the thresholds the cases pick; a graph replay reuses the captured
+    threshold on new logits, where one may land in the band)."""
+    error, problem = exact(("output_tokens", "num_accepted"))(got, want, inputs)
+    if problem is None or got[0].shape != want[0].shape:
+        return error, problem
+    logits, drafts, threshold = inputs["target_logits"], inputs["draft_tokens"], inputs["rollback_threshold"]
+    rows = ((got[0] != want[0]).any(1) | (got[1] != want[1])).nonzero().flatten().tolist()
+    for b in rows:
+        nll, band = _draft_nll_band(logits[b:b + 1], drafts[b:b + 1], 1e-3)
+        if not bool(((nll - threshold).abs() < band).any()):
+            return float(len(rows)), f"row {b} differs with every draft NLL clear of the threshold: {problem}"
+    return float(len(rows)), None
+
+
 def _logits_boundary_explains(b, inputs, got, want, margin=1e-4):
     """True when row b's difference comes from a decision within `margin` of its boundary,
     recomputed in float64 (rejection_sample_logits reduces its softmax in another order)."""
@@ -332,13 +348,11 @@ def chain_cases(profile, device):
 
             def bild_inputs(seed, logits_inputs=logits_inputs, index=index):
                 x = logits_inputs(seed)
-                # thresholds around typical NLLs; the seed moves it so a replay sees another threshold
-                # only through the tensors (the threshold itself is baked into a graph: keep it per seed 0)
                 x["rollback_threshold"] = bild_threshold(x["target_logits"], x["draft_tokens"], (1.5, 4.0, 9.0)[index % 3])
                 return x
 
             cases.append(Case("bild_verify", shape + suffix, dtype, bild_inputs,
-                              lambda x, be: ops.bild_verify(**x, backend=be), exact(verify_outputs)))
+                              lambda x, be: ops.bild_verify(**x, backend=be), compare_bild, graph))
             cases.append(Case("max_prob", f"[{batch},{g + 1},{vocab}]", dtype,
                               lambda seed, batch=batch, g=g, vocab=vocab, dtype=dtype: dict(
                                   logits=random_logits(batch, g + 1, vocab, dtype, _gen(device, seed), device)),
@@ -698,9 +712,9 @@ def _copy_into(static: dict, fresh: dict) -> None:
 
 
 def _describe_error(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}".strip()
-    first = text.splitlines()[0] if text else type(error).__name__
-    return first[:400]
+    """The error's type and its first lines (a Triton compile error names the line on its second)."""
+    lines = [line.strip() for line in f"{type(error).__name__}: {error}".splitlines() if line.strip()]
+    return " | ".join(lines[:3])[:600]
 
 
 def _not_available(op, backend, device) -> str | None:
@@ -732,6 +746,14 @@ def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
         inputs = case.build(plan.seed)
         want = case.reference(inputs) if case.reference else case.run(inputs, "torch")
         _sync(device)
+    except torch.cuda.OutOfMemoryError:
+        # the production shapes need a few GiB beside the reference's intermediates: a smaller GPU skips them
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        for backend in backends:
+            result(backend, case.name, SKIP, message=f"the inputs and the reference do not fit in this GPU's "
+                                                     f"{total:.0f} GiB")
+        torch.cuda.empty_cache()
+        return results
     except Exception as error:  # noqa: BLE001 - a broken case builder is a selftest failure, reported
         for backend in backends:
             result(backend, case.name, FAIL, message=f"building the case or the reference failed: {_describe_error(error)}")
@@ -837,17 +859,17 @@ def engine_results(plan: Plan, backends: tuple) -> list[Result]:
                                                    **pair.options[name])
                     _sync(device)
                     got, want = out.sequences, greedy
+                    differing, problem = None, None
                     if got.shape != want.shape:
                         problem = f"sequences {list(got.shape)}, greedy {list(want.shape)}"
-                    elif torch.equal(got, want):
-                        problem = None
                     else:
+                        differing = float(int((got != want).sum()))
+                    if differing:
                         row, pos = (int(v) for v in (got != want).nonzero()[0])
                         prompt = batch["input_ids"].shape[1]
                         problem = (f"not token-identical to greedy: row {row} first differs at new token {pos - prompt}: "
                                    f"got {_short(got[row, pos:pos + 6])} want {_short(want[row, pos:pos + 6])}")
-                    results.append(Result("engine", backend, case, "float32", FAIL if problem else PASS,
-                                          0.0 if problem is None else float(int((got != want).sum())) if got.shape == want.shape else None,
+                    results.append(Result("engine", backend, case, "float32", FAIL if problem else PASS, differing,
                                           problem or "", time.perf_counter() - start))
                 except Exception as error:  # noqa: BLE001
                     results.append(Result("engine", backend, case, "float32", FAIL, message=_describe_error(error),

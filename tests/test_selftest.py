@@ -84,6 +84,29 @@ def test_quick_shape_builders_agree_with_themselves():
     assert len({op for op, _ in seen}) == len(ops.registered_ops())
 
 
+def test_graph_cases_rebuild_to_the_same_shapes():
+    """A captured graph is replayed on another seed's values copied into its inputs: every seed
+    must give the same shapes (and the same Python parameters, which the launch bakes in)."""
+    cpu = torch.device("cpu")
+    graph_cases = [case for family in selftest.CASE_FAMILIES for case in family("quick", cpu) if case.graph]
+    assert {case.op for case in graph_cases} == set(ops.registered_ops())
+    for case in graph_cases:
+        first, second = case.build(101), case.build(202)
+        assert first.keys() == second.keys()
+        for name, value in first.items():
+            other = second[name]
+            if isinstance(value, torch.Tensor):
+                assert value.shape == other.shape and value.dtype == other.dtype, (case.op, name)
+            elif isinstance(value, list):
+                assert [t.shape for t in value] == [t.shape for t in other], (case.op, name)
+            elif name != "rollback_threshold":  # bild's comparison excuses a replay's threshold-band rows
+                assert value == other, (case.op, name)
+        selftest._copy_into(first, second)
+        for name, value in first.items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                assert torch.equal(value.nan_to_num(), second[name].nan_to_num()), (case.op, name)
+
+
 def _run_in_process(monkeypatch, capsys, *args):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # stay in this process (the broken backends run no kernel)
     status = cli.main(["selftest", "--device", "cpu", "--no-engine", *args])
@@ -134,14 +157,41 @@ def test_a_wrong_sampled_token_is_not_excused_as_a_boundary_case(monkeypatch, ca
     assert status == 1 and out.out.count("FAIL rejection_sample_logits [triton]") == 6
 
 
-def test_an_exception_is_a_failure_and_the_run_goes_on(monkeypatch, capsys):
+def _wrong_first_row(fn, index=0, delta=1):
+    """fn's outputs with output `index`'s first entry moved by `delta` (ids stay in range)."""
+    def broken(*args, **kwargs):
+        outputs = list(fn(*args, **kwargs))
+        wrong = outputs[index].clone()
+        wrong.view(-1)[0] += delta
+        outputs[index] = wrong
+        return tuple(outputs)
+    return broken
+
+
+@pytest.mark.parametrize("op,broken", [
+    ("bild_verify", _wrong_first_row(reference.bild_verify, index=1)),
+    ("tree_greedy_verify", _wrong_first_row(reference.tree_greedy_verify, index=2, delta=-1)),
+    ("tree_rejection_sample", _wrong_first_row(reference.tree_rejection_sample, index=1)),
+    ("early_exit_topk", _wrong_first_row(reference.early_exit_topk, index=0, delta=1e-2)),
+    ("max_prob", lambda logits: reference.max_prob(logits) * (1 + 1e-4)),
+    ("kv_compact", lambda k, v, seq_lens, accepted: reference.kv_compact(k, v, seq_lens, accepted) + 1),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_other_broken_backends_fail(monkeypatch, capsys, op, broken):
+    _break(monkeypatch, op, broken)
+    status, out = _run_in_process(monkeypatch, capsys, "--ops", op)
+    assert status == 1 and f"FAIL {op} [triton]" in out.out and f"{op}  " in out.out
+
+
+def test_an_exception_is_a_failure_and_the_run_goes_on(monkeypatch, capsys, tmp_path):
     def crash(*args, **kwargs):
         raise RuntimeError("kernel exploded")
 
     _break(monkeypatch, "kv_compact", crash)
-    status, out = _run_in_process(monkeypatch, capsys, "--ops", "kv_compact,max_prob")
+    path = tmp_path / "crash.json"
+    status, out = _run_in_process(monkeypatch, capsys, "--ops", "kv_compact,max_prob", "--json", str(path))
     assert status == 1 and "RuntimeError: kernel exploded" in out.out
-    assert "max_prob                 6/6 pass" in out.out or "6/6 pass" in out.out.split("max_prob")[1].splitlines()[0]
+    matrix = json.loads(path.read_text())["matrix"]
+    assert matrix["kv_compact"]["triton"]["fail"] == 6 and matrix["max_prob"]["triton"] == {"pass": 6, "fail": 0, "skip": 0}
 
 
 def test_usage_errors(capsys):
