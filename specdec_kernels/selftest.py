@@ -108,6 +108,9 @@ class Plan:
     engine: bool
     seed: int
     results: list = field(default_factory=list)
+    # capture(device, fn) -> (outputs, replay): how graph checks capture; None = CUDA graphs (on a GPU only).
+    # Tests pass an eager stand-in to check the graph-check logic on the CPU.
+    capture: Callable | None = None
 
 
 # ------------------------------------------------------------------------------------------ comparisons
@@ -776,7 +779,7 @@ def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
             if not _context_alive(device):
                 raise ContextLost(f"{case.op} [{backend}] {case.name}") from error
             continue
-        if case.graph and plan.graphs and device.type == "cuda":
+        if case.graph and plan.graphs and (device.type == "cuda" or plan.capture is not None):
             start = time.perf_counter()
             try:
                 error, problem = graph_check(plan, case, backend)
@@ -788,24 +791,32 @@ def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
     return results
 
 
-def graph_check(plan: Plan, case: Case, backend: str):
-    """Capture the op once (after a warm-up on the capture stream), write another problem's
-    values into the captured inputs, replay: the replay must solve the new problem (nothing
-    data-dependent baked in) and equal the reference and an eager call on it."""
-    device = plan.device
-    static = case.build(plan.seed + 101)
+def cuda_graph_capture(device: torch.device, fn):
+    """fn captured in a CUDA graph after a warm-up on the capture stream: (its outputs, replay)."""
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
-        case.run(static, backend)  # warm-up: compilation, cached workspaces and pointer tables exist before capture
+        fn()  # warm-up: compilation, cached workspaces and pointer tables exist before the capture
     torch.cuda.current_stream(device).wait_stream(stream)
     torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):  # the warm-up's stream: per-stream workspaces already exist
-        captured = case.run(static, backend)
+        outputs = fn()
+
+    def replay():
+        graph.replay()
+        torch.cuda.synchronize(device)
+    return outputs, replay
+
+
+def graph_check(plan: Plan, case: Case, backend: str):
+    """Capture the op once, write another problem's values into the captured inputs, replay:
+    the replay must solve the new problem (nothing data-dependent baked in) and equal the
+    reference and an eager call on it."""
+    static = case.build(plan.seed + 101)
+    captured, replay = (plan.capture or cuda_graph_capture)(plan.device, lambda: case.run(static, backend))
     _copy_into(static, case.build(plan.seed + 202))
-    graph.replay()
-    torch.cuda.synchronize(device)
+    replay()
     replayed = tuple(t.clone() for t in captured)
     want = case.reference(static) if case.reference else case.run(static, "torch")
     error, problem = case.compare(replayed, want, static)
