@@ -17,7 +17,7 @@ around each decision boundary (the contract in the README's op table).
 Exit status: 0 when nothing failed (skips allowed), 1 when a check failed, 2 without a
 CUDA GPU (or on a usage error).
 
-    specdec-kernels selftest                   # everything (a few minutes on an H100)
+    specdec-kernels selftest                   # everything
     specdec-kernels selftest --quick --json selftest.json
     specdec-kernels selftest --ops tree_attention,greedy_verify --backends triton
 
