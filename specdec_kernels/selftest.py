@@ -732,7 +732,12 @@ def _not_available(op, backend, device) -> str | None:
 
 
 class ContextLost(Exception):
-    pass
+    """A CUDA error poisoned the context at `where`; `results` are the checks done before it (the
+    failing one included)."""
+
+    def __init__(self, where: str, results: list | None = None):
+        super().__init__(where)
+        self.results = results or []
 
 
 def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
@@ -761,7 +766,7 @@ def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
         for backend in backends:
             result(backend, case.name, FAIL, message=f"building the case or the reference failed: {_describe_error(error)}")
         if not _context_alive(device):
-            raise ContextLost(f"{case.op} {case.name} (reference)") from error
+            raise ContextLost(f"{case.op} {case.name} (reference)", results) from error
         return results
     for backend in backends:
         start = time.perf_counter()
@@ -777,7 +782,7 @@ def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
                 continue
             result(backend, case.name, FAIL, message=message, start=start)
             if not _context_alive(device):
-                raise ContextLost(f"{case.op} [{backend}] {case.name}") from error
+                raise ContextLost(f"{case.op} [{backend}] {case.name}", results) from error
             continue
         if case.graph and plan.graphs and (device.type == "cuda" or plan.capture is not None):
             start = time.perf_counter()
@@ -787,7 +792,7 @@ def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
             except Exception as error:  # noqa: BLE001
                 result(backend, case.name + " graph", FAIL, message=_describe_error(error), start=start)
                 if not _context_alive(device):
-                    raise ContextLost(f"{case.op} [{backend}] {case.name} graph") from error
+                    raise ContextLost(f"{case.op} [{backend}] {case.name} graph", results) from error
     return results
 
 
@@ -886,7 +891,7 @@ def engine_results(plan: Plan, backends: tuple) -> list[Result]:
                     results.append(Result("engine", backend, case, "float32", FAIL, message=_describe_error(error),
                                           seconds=time.perf_counter() - start))
                     if not _context_alive(device):
-                        raise ContextLost(f"engine [{backend}] {case}") from error
+                        raise ContextLost(f"engine [{backend}] {case}", results) from error
     return results
 
 
@@ -926,6 +931,7 @@ def execute(plan: Plan, progress: Callable = lambda op, done, seconds: None) -> 
                     results.extend(run_case(plan, case, tuple(b for b, _ in available)))
                 except ContextLost as error:
                     lost = str(error)
+                    results.extend(error.results)
                     results.append(Result(op, "-", "CUDA context", "-", FAIL,
                                           message=f"a CUDA error poisoned the context at {lost}; the remaining GPU "
                                                   "checks are not run (rerun with --ops to isolate)"))
@@ -950,6 +956,7 @@ def execute(plan: Plan, progress: Callable = lambda op, done, seconds: None) -> 
             try:
                 results.extend(engine_results(plan, tuple(usable)))
             except ContextLost as error:
+                results.extend(error.results)
                 results.append(Result("engine", "-", "CUDA context", "-", FAIL,
                                       message=f"a CUDA error poisoned the context at {error}"))
         progress("engine", results[before:], time.perf_counter() - started)

@@ -236,3 +236,19 @@ def test_usage_errors(capsys):
     assert cli.main(["selftest", "--device", "cpu", "--backends", "torch"]) == 2
     assert "torch is the reference" in capsys.readouterr().err
     assert cli.main(["selftest", "--device", "tpu"]) == 2
+
+
+def test_a_lost_cuda_context_stops_the_remaining_checks(monkeypatch, capsys, tmp_path):
+    """After an error that poisons the context every later GPU call would fail too: the failing check and
+    where it happened are reported, the rest is listed as not run (simulated: the context probe says lost)."""
+    def fault(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    _break(monkeypatch, "greedy_verify", fault)
+    monkeypatch.setattr(selftest, "_context_alive", lambda device: False)
+    path = tmp_path / "lost.json"
+    status, out = _run_in_process(monkeypatch, capsys, "--ops", "greedy_verify,kv_rollback", "--json", str(path))
+    assert status == 1 and "illegal memory access" in out.out and "poisoned the context" in out.out
+    matrix = json.loads(path.read_text())["matrix"]
+    assert matrix["greedy_verify"]["triton"] == {"pass": 0, "fail": 1, "skip": 5}
+    assert matrix["kv_rollback"]["torch"] == {"pass": 0, "fail": 0, "skip": 1}
