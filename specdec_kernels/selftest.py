@@ -1133,19 +1133,8 @@ def run(args) -> int:
         device = None
     if device is None or device.type not in ("cuda", "cpu"):
         return fail(f"--device {args.device}: use cuda, cuda:N, or cpu (which only tests the selftest itself)")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            print(NO_GPU, file=sys.stderr)
-            return EXIT_NO_GPU
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            return fail(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
-        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
-        torch.cuda.set_device(device)
-    elif os.environ.get("TRITON_INTERPRET") != "1":
-        # The Triton kernels were decorated at import: only a fresh process can run them interpreted.
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        return subprocess.run([sys.executable, "-m", "specdec_kernels", *_argv(args)], env=env).returncode
-
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        return fail(f"--json {args.json}: no such folder")
     from . import ops
 
     known = (*ops.registered_ops(), "engine")
@@ -1158,6 +1147,18 @@ def run(args) -> int:
     if bad:
         return fail(f"--backends: unknown {', '.join(bad)}; the GPU backends are {', '.join(GPU_BACKENDS)} "
                     "(torch is the reference every check compares with)")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print(NO_GPU, file=sys.stderr)
+            return EXIT_NO_GPU
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            return fail(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        torch.cuda.set_device(device)
+    elif os.environ.get("TRITON_INTERPRET") != "1":
+        # The Triton kernels were decorated at import: only a fresh process can run them interpreted.
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        return subprocess.run([sys.executable, "-m", "specdec_kernels", *_argv(args)], env=env).returncode
     if device.type == "cpu":
         backends = [b for b in backends if b == "triton"]  # the cuda backend needs a GPU: nothing to run
     plan = Plan(device=device, profile="tiny" if device.type == "cpu" else ("quick" if args.quick else "full"),

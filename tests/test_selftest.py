@@ -236,6 +236,8 @@ def test_usage_errors(capsys):
     assert cli.main(["selftest", "--device", "cpu", "--backends", "torch"]) == 2
     assert "torch is the reference" in capsys.readouterr().err
     assert cli.main(["selftest", "--device", "tpu"]) == 2
+    assert cli.main(["selftest", "--device", "cpu", "--json", "/no/such/folder/out.json"]) == 2
+    assert "no such folder" in capsys.readouterr().err
 
 
 def test_a_lost_cuda_context_stops_the_remaining_checks(monkeypatch, capsys, tmp_path):
