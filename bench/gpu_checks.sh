@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Every GPU check the issues owe, in as few device calls as possible (the machine starts bare):
-#   build _C, `pytest -m gpu`, compute-sanitizer memcheck over the CUDA kernels' GPU tests,
+#   build _C, `specdec-kernels selftest`, `pytest -m gpu`, compute-sanitizer memcheck over the CUDA kernels' GPU tests,
 #   and the microbenchmarks. Results land in OUT (one folder; at most 8 files come back).
 #
 #   bash bench/gpu_checks.sh "$OUT"                        # every stage (more than one 10-minute call)
 #   STAGES="test memcheck" bash bench/gpu_checks.sh "$OUT"  # a subset; stages run in this order:
+#     selftest  specdec-kernels selftest, the shipped command: every op x GPU backend vs the torch reference at
+#               small and production shapes, CUDA-graph replays, the engine vs greedy (selftest.txt with the
+#               matrix and the progress, selftest.json rewritten after every op; SELFTEST_ARGS adds flags, e.g. --quick)
 #     test      pytest -m gpu                                 (pytest_gpu.log)
 #     memcheck  compute-sanitizer over tests/test_gpu_*.py    (memcheck.log)
 #     verify    bench/bench_verify.py                         (verify.json/.md; BENCH_ARGS adds flags)
@@ -19,7 +22,7 @@
 # build.log, build_info.json and summary.txt are written every time.
 set -uo pipefail
 out=${1:?usage: bash bench/gpu_checks.sh OUTDIR}
-stages=${STAGES:-test memcheck verify attn kv exit e2e demo ppd}
+stages=${STAGES:-selftest test memcheck verify attn kv exit e2e demo ppd}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 status=0
@@ -32,6 +35,16 @@ if ! SPECDEC_REQUIRE_CUDA=1 pip install --no-build-isolation --no-deps -e . -q >
 fi
 python -c "import json, specdec_kernels; print(json.dumps(specdec_kernels.build_info(), indent=1))" >"$out/build_info.json"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/summary.txt"
+
+if want selftest; then
+  echo "== specdec-kernels selftest" | tee -a "$out/summary.txt"
+  # shellcheck disable=SC2086
+  timeout "${SELFTEST_TIMEOUT:-540}" specdec-kernels selftest ${SELFTEST_ARGS:-} --json "$out/selftest.json" \
+    >"$out/selftest.txt" 2>&1
+  rc=$?
+  grep -E "^selftest: " "$out/selftest.txt" | tail -n 1 | tee -a "$out/summary.txt"
+  [ $rc -eq 0 ] || { echo "selftest exit $rc (1: a check failed, 124: timed out; see selftest.txt)" | tee -a "$out/summary.txt"; status=1; }
+fi
 
 if want test; then
   echo "== pytest -m gpu" | tee -a "$out/summary.txt"

@@ -4,6 +4,7 @@
   demo      every strategy on one model pair, checked against greedy and timed (specdec_kernels/demo.py)
   generate  your prompts with one strategy: text and statistics (specdec_kernels/generate_command.py)
   bench     a benchmark script of a source checkout (specdec_kernels/bench_command.py)
+  selftest  every GPU kernel vs the torch reference on this GPU, and the engine vs greedy (specdec_kernels/selftest.py)
 """
 
 import argparse
@@ -12,7 +13,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import bench_command, demo, generate_command
+    from . import bench_command, demo, generate_command, selftest
 
     parser = argparse.ArgumentParser(prog="specdec-kernels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -20,7 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("info", help="print what was built and which backends `auto` picks on this machine")
     commands = {"demo": (demo, "decode with every strategy, check against greedy, print a table"),
                 "generate": (generate_command, "decode prompts with one strategy, print text and statistics"),
-                "bench": (bench_command, "run a benchmark script of a source checkout")}
+                "bench": (bench_command, "run a benchmark script of a source checkout"),
+                "selftest": (selftest, "check every GPU kernel against the torch reference on this GPU "
+                                       "(the first thing to run after pip install)")}
     for name, (module, summary) in commands.items():
         module.add_arguments(sub.add_parser(name, help=summary, description=module.__doc__,
                                             formatter_class=argparse.RawDescriptionHelpFormatter))
