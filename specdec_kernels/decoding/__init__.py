@@ -7,10 +7,12 @@ PlainDecoder).
 
 from .api import generate
 from .bild import BildDecoder
+from .graphs import clear_graph_cache
 from .output import GenerateOutput, Stats
 from .plain import PlainDecoder
 from .ppd import PPDDecoder
 from .specdec import SpecDecDecoder
 from .speculative import SpeculativeDecoder
 
-__all__ = ["BildDecoder", "GenerateOutput", "PPDDecoder", "PlainDecoder", "SpecDecDecoder", "SpeculativeDecoder", "Stats", "generate"]
+__all__ = ["BildDecoder", "GenerateOutput", "PPDDecoder", "PlainDecoder", "SpecDecDecoder", "SpeculativeDecoder", "Stats", "clear_graph_cache",
+           "generate"]

@@ -61,6 +61,9 @@ class SpeculativeDecoder(TwoModelStrategy):
     def num_draft_tokens(self) -> int:
         return self.g
 
+    def graph_key(self):
+        return (self.name, id(self.draft_model), self.initial_g, self.schedule, self.g_max, self.lenience)
+
     def max_draft_tokens(self) -> int:
         return self.g_max
 
