@@ -269,3 +269,16 @@ def test_every_exact_strategy_replays_kept_graphs(pair, fake, name):
     second = run(ids, mask)
     assert len(fake.captures) == captured
     assert torch.equal(second.sequences, hf_greedy(target, ids, mask))
+
+
+def test_moved_weights_capture_again(pair, fake):
+    """A graph replays weight addresses: parameters re-allocated (same values, new storage) make a
+    new key, not a replay of freed memory (the fake's address check would flag that replay)."""
+    ids, mask = left_padded([3, 5], seed=13)
+    speculative(pair, ids, mask)
+    count = len(fake.captures)
+    with torch.no_grad():
+        for param in pair[1].parameters():  # the draft's
+            param.data = param.data.clone()
+    out = speculative(pair, ids, mask)
+    assert len(fake.captures) > count and torch.equal(out.sequences, hf_greedy(pair[0], ids, mask))

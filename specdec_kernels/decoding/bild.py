@@ -33,7 +33,7 @@ from torch import Tensor
 from .. import ops
 from ..ops import _validate as check
 from .draft_model import TwoModelStrategy
-from .engine import OP, Engine, Proposal
+from .engine import OP, Engine, Proposal, weight_addresses
 from .standardize import draw, standardize
 
 ACCEPT_ALL = 3.0e38  # a rollback threshold no -log p exceeds: keep every draft, take the bonus top-1
@@ -76,7 +76,7 @@ class BildDecoder(TwoModelStrategy):
         return self.max_small_run
 
     def graph_key(self):
-        return (self.name, id(self.draft_model), self.fallback_threshold, self.rollback_threshold, self.max_small_run,
+        return (self.name, id(self.draft_model), weight_addresses(self.draft_model), self.fallback_threshold, self.rollback_threshold, self.max_small_run,
                 self.mode, self.rollback_rule, self.verify_small_eos)
 
     def propose(self, engine: Engine, first: bool) -> Proposal:

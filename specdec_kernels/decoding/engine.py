@@ -153,6 +153,12 @@ def right_aligned(input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Ten
 SPAN_BUCKET = 64  # smallest length bucket; buckets double from there
 
 
+def weight_addresses(module) -> tuple:
+    """Where a module's parameters live: part of a graph key, since a graph replays these addresses
+    (model.half().float() or a new state dict assigned by reference moves them; in-place loads do not)."""
+    return tuple(p.data_ptr() for p in module.parameters())
+
+
 def length_bucket(tokens: int) -> int:
     """The power of two (>= SPAN_BUCKET) holding `tokens`: at most 2x the memory, and every call in
     a bucket shares its graphs."""
@@ -229,8 +235,8 @@ class Engine:
             return None
         owner = ("named",) if named else ("object", id(strategy))
         weight = self.target.lm_head.weight
-        return (id(target), owner, strategy_key, self.prompts.shape[0], self.span, self.sampling, self.backend,
-                tuple(self.eos), self.pad, weight.device, weight.dtype)
+        return (id(target), weight_addresses(target), owner, strategy_key, self.prompts.shape[0], self.span,
+                self.sampling, self.backend, tuple(self.eos), self.pad, weight.device, weight.dtype)
 
     def keep(self, name: str, value: Tensor) -> Tensor:
         """`value`, or, when the session kept a tensor under `name` (a kept graph reads and writes that

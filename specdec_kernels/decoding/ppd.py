@@ -103,7 +103,9 @@ class PPDDecoder(Strategy):
         return self.k
 
     def graph_key(self):
-        head = self.head_option if self.head_option in (None, "N") else id(self.head_option)
+        head = self.head_option
+        if head not in (None, "N"):  # trained heads: the object and where its weights live
+            head = (id(head), tuple(p.data_ptr() for p in head.parameters()))
         return (self.name, self.k, self.exit_layer_option, head, id(self.candidates))
 
     def propose(self, engine: Engine, first: bool) -> Proposal:

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .. import ops
 from ..ops import _validate as check
-from .engine import OP, Engine, Proposal, Strategy
+from .engine import OP, Engine, Proposal, Strategy, weight_addresses
 
 
 class SpecDecDecoder(Strategy):
@@ -93,7 +93,7 @@ class SpecDecDecoder(Strategy):
         return self.k
 
     def graph_key(self):
-        return (self.name, id(self.drafter), self.k, self.top_beta, self.tau)
+        return (self.name, id(self.drafter), weight_addresses(self.drafter), self.k, self.top_beta, self.tau)
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
         if first:
