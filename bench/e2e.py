@@ -13,9 +13,9 @@ and every --pair TARGET DRAFT. Batch sizes x greedy/sampling x gamma.
 
 Per row: tokens/s (median of --repeats synchronised calls after the first), the first call's latency
 separately (first_call_s: kept CUDA graphs are freed before every row, so it includes capture) and the
-second call's (second_call_s: it replays the graphs the first call kept), and for ours_spec: Leviathan's alpha, vLLM's acceptance rate, mean tokens per target
-forward, c, the theoretical speedup (1 - a^(g+1)) / ((1 - a)(g c + 1)), the measured speedup over
-ours_plain (same batch, same graph mode; sampling rows use it too, as plain sampling costs one
+second call's (second_call_s: it replays the graphs the first call kept), and for ours_spec: Leviathan's
+alpha, vLLM's acceptance rate, mean tokens per target forward, c, the theoretical speedup
+(1 - a^(g+1)) / ((1 - a)(g c + 1)), the measured speedup over ours_plain (same batch, same graph mode; sampling rows use it too, as plain sampling costs one
 target forward per token as well), measured/theory, the speedup over hf_static, and whether greedy output equals HF's greedy.
 EOS is switched off so every method generates exactly --max-new-tokens per row.
 
@@ -37,8 +37,8 @@ from _e2e_pairs import (CPU_SHAPE, SMOKE_SHAPE, TINYLLAMA_SHAPE, AlignedPair, Pa
 from _report import write_report  # noqa: E402  (bench/ is on sys.path)
 
 HF_METHODS = ("hf_dynamic", "hf_static", "hf_assisted")
-COLS = ["pair", "noise", "batch", "mode", "method", "graphs", "gamma", "status", "tok_s", "first_call_s", "second_call_s", "alpha",
-        "acceptance_rate", "mean_accepted", "c", "theory_speedup", "speedup_vs_plain", "measured_over_theory",
+COLS = ["pair", "noise", "batch", "mode", "method", "graphs", "gamma", "status", "tok_s", "first_call_s",
+        "second_call_s", "alpha", "acceptance_rate", "mean_accepted", "c", "theory_speedup", "speedup_vs_plain", "measured_over_theory",
         "speedup_vs_hf_static", "matches_hf_greedy", "error"]
 
 

@@ -76,8 +76,8 @@ class BildDecoder(TwoModelStrategy):
         return self.max_small_run
 
     def graph_key(self):
-        return (self.name, id(self.draft_model), weight_addresses(self.draft_model), self.fallback_threshold, self.rollback_threshold, self.max_small_run,
-                self.mode, self.rollback_rule, self.verify_small_eos)
+        return (self.name, id(self.draft_model), weight_addresses(self.draft_model), self.fallback_threshold,
+                self.rollback_threshold, self.max_small_run, self.mode, self.rollback_rule, self.verify_small_eos)
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
         feed = self.draft.begin(engine, first)

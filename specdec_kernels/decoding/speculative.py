@@ -62,7 +62,8 @@ class SpeculativeDecoder(TwoModelStrategy):
         return self.g
 
     def graph_key(self):
-        return (self.name, id(self.draft_model), weight_addresses(self.draft_model), self.initial_g, self.schedule, self.g_max, self.lenience)
+        return (self.name, id(self.draft_model), weight_addresses(self.draft_model), self.initial_g, self.schedule,
+                self.g_max, self.lenience)
 
     def max_draft_tokens(self) -> int:
         return self.g_max
