@@ -251,7 +251,8 @@ class Engine:
         return kept.copy_(value)
 
     def reuse(self, name: str, make):
-        """The object the session kept under `name` (caches: the caller resets them), else make()."""
+        """(the object the session kept under `name`, True), else (make(), False); a kept cache is
+        the caller's to reset."""
         state = self.session.state
         if name not in state:
             state[name] = make()

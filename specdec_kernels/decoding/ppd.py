@@ -95,8 +95,14 @@ class PPDDecoder(Strategy):
             check.fail(OP, f"the early-exit head is on {head.weight.device}, the target on {engine.device}")
         dtype = engine.target.lm_head.weight.dtype
         if head.weight.dtype != dtype:  # e.g. fp32-trained heads on a bf16 target: cast once, not per step
-            # kept: a kept graph reads the cast copy's weights, which a new copy would free
-            head, _ = engine.reuse("ppd.head", lambda: copy.deepcopy(head).to(dtype))
+            # kept: a kept graph reads the cast copy's weights, which a new copy would free; refreshed
+            # in place, as the head may have been trained further since
+            cast, reused = engine.reuse("ppd.head", lambda: copy.deepcopy(head).to(dtype))
+            if reused:
+                with torch.no_grad():
+                    for kept, source in zip(cast.parameters(), head.parameters()):
+                        kept.copy_(source)
+            head = cast
         self.head = head
 
     def num_draft_tokens(self) -> int:
