@@ -29,7 +29,7 @@ import contextlib
 
 import torch
 
-MAX_SESSIONS = 4  # kept sessions (each holds KV caches for its batch and length bucket); LRU beyond
+MAX_SESSIONS = 4  # kept sessions (each holds KV caches for its batch and length bucket); LRU beyond; 0 keeps none
 
 
 class CudaGraphs:
@@ -142,12 +142,13 @@ def session(key, strategy, enabled: bool, device: torch.device) -> GraphSession:
     if stored:
         _sessions[key] = made
         while len(_sessions) > MAX_SESSIONS:
-            _sessions.popitem(last=False)
+            _sessions.popitem(last=False)[1].stored = False  # a call still running on it finishes normally
     return made
 
 
 def discard(made: GraphSession) -> None:
     """Forget a session whose call failed (its graphs or state may be half made)."""
+    made.stored = False
     for key, value in list(_sessions.items()):
         if value is made:
             del _sessions[key]
@@ -155,6 +156,8 @@ def discard(made: GraphSession) -> None:
 
 def clear_graph_cache() -> None:
     """Free every kept session: graphs, their memory pools, caches and the models they hold."""
+    for made in _sessions.values():
+        made.stored = False
     _sessions.clear()
 
 
