@@ -213,6 +213,13 @@ def test_sessions_are_bounded_and_cleared(pair, fake, monkeypatch):
     count = len(fake.captures)
     speculative(pair, one, one_mask)
     assert len(fake.captures) > count
+    monkeypatch.setattr(graphs, "MAX_SESSIONS", 0)  # keep none: every call captures afresh
+    clear_graph_cache()
+    for _ in range(2):
+        count = len(fake.captures)
+        out = speculative(pair, one, one_mask)
+        assert len(fake.captures) > count and out.stats.extra["cuda_graphs_kept"] == 0
+    assert graphs.kept_sessions() == 0
 
 
 def test_eager_calls_keep_nothing(pair, fake):
