@@ -47,7 +47,9 @@ def deadline(seconds: float | None):
 
 def time_calls(fn, device: torch.device, repeats: int, timeout: float | None) -> dict:
     """The first call timed on its own (compilation, graph capture, allocator warm-up), then the
-    median of `repeats` further calls, each synchronised. Returns {"first_call_s", "median_s", "out"}."""
+    median of `repeats` further calls, each synchronised; the first of those is also reported alone
+    (second_call_s: what a second request costs once graphs are kept). Returns {"first_call_s",
+    "second_call_s" (None without repeats), "median_s", "out"}."""
     with deadline(timeout):
         sync(device)
         start = time.perf_counter()
@@ -60,7 +62,8 @@ def time_calls(fn, device: torch.device, repeats: int, timeout: float | None) ->
             out = fn()
             sync(device)
             times.append(time.perf_counter() - start)
-    return {"first_call_s": first, "median_s": statistics.median(times) if times else first, "out": out}
+    return {"first_call_s": first, "second_call_s": times[0] if times else None,
+            "median_s": statistics.median(times) if times else first, "out": out}
 
 
 def sampling_kwargs(do_sample: bool, hf: bool) -> dict:

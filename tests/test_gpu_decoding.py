@@ -1,5 +1,6 @@
 """The decoding engine on a GPU (run with -m gpu; skipped without CUDA): the CUDA-graph path
-(draft and verify steps captured once per (batch size, draft length), then replayed) gives the
+(draft and verify steps captured once per (batch size, draft length), then replayed, and kept for
+the next call with the same shapes) gives the
 same tokens as the eager path and as HF's greedy generate, in fp32; seeded sampling is identical
 with and without graphs (the same kernels and Philox draws replayed)."""
 
@@ -48,9 +49,30 @@ def test_graphs_equal_eager_and_hf(pair, schedule):
     target, draft = pair
     ids, mask = left_padded([7, 3, 5, 1], seed=1)
     expected = hf_greedy(target, ids, mask)
+    specdec_kernels.decoding.clear_graph_cache()  # graphs are kept between calls: start without any
     graphed = run(target, draft, ids, mask, num_draft_tokens=3, schedule=schedule, cuda_graphs=True)
     assert torch.equal(graphed.sequences, expected)
     assert graphed.stats.extra["cuda_graphs_captured"] >= 2  # the draft and the verify step
+
+
+@needs_gpu_attention
+@pytest.mark.parametrize("max_new_tokens", [NEW, 5])
+def test_second_call_replays_the_kept_graphs(pair, max_new_tokens):
+    """A second call with new prompts of the same batch size and length bucket captures nothing (a
+    shorter budget included: it is a device tensor) and still equals HF's greedy output."""
+    target, draft = pair
+    specdec_kernels.decoding.clear_graph_cache()
+    ids, mask = left_padded([7, 3, 5, 1], seed=1)
+    first = run(target, draft, ids, mask, num_draft_tokens=3, cuda_graphs=True)
+    assert first.stats.extra["cuda_graphs_captured"] >= 2
+    ids, mask = left_padded([4, 6, 2, 7], seed=5)
+    second = specdec_kernels.generate(target, ids.cuda(), attention_mask=mask.cuda(), strategy="speculative",
+                                      draft_model=draft, max_new_tokens=max_new_tokens, pad_token_id=0,
+                                      num_draft_tokens=3, cuda_graphs=True)
+    assert second.stats.extra["cuda_graphs_captured"] == 0
+    expected = target.generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=max_new_tokens,
+                               do_sample=False, pad_token_id=0)
+    assert torch.equal(second.sequences, expected)
 
 
 @needs_gpu_attention

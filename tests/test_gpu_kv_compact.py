@@ -218,3 +218,38 @@ def test_launcher_rejects_bad_arguments():
 
 def test_auto_picks_cuda():
     assert ops.resolve("kv_compact", "auto", torch.device("cuda")) == "cuda"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_table_made_on_one_stream_serves_another(backend, monkeypatch):
+    """A table uploaded (non-blocking) on stream A behind a long kernel, then used at once on stream B
+    with no sync in between: B must wait on A's upload event (else it reads the table before it
+    lands), and the table is recorded on B, so evicting it (MAX_TABLES=1 here) while B's kernel may
+    still run never lets a new allocation overwrite it."""
+    monkeypatch.setattr(_kv_layout, "MAX_TABLES", 1)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    cpu_gen = torch.Generator().manual_seed(7)
+    layers, batch, heads, dim, n = 8, 4, 4, 64, 8
+    k, v = separate_caches(layers, batch, heads, 32 + n, dim, torch.bfloat16, gen)
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    for _ in range(3):
+        seq_lens = torch.randint(0, 33, (batch,), generator=cpu_gen).cuda()
+        accepted = random_accepted(batch, n, cpu_gen).cuda()
+        ref_k, ref_v = [c.clone() for c in k], [c.clone() for c in v]
+        want = ops.kv_compact(ref_k, ref_v, seq_lens, accepted, backend="torch")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(a):  # A is busy for a while, then uploads the table
+            torch.cuda._sleep(50_000_000)
+            _kv_layout.cache_layout(k, v)
+        with torch.cuda.stream(b):  # no wait on A here: ordering the table is the library's job
+            got = ops.kv_compact(k, v, seq_lens, accepted, backend=backend)
+        entry = next(iter(_kv_layout._tables.values()))
+        assert b.cuda_stream in entry.streams and a.cuda_stream in entry.streams
+        other_k, other_v = separate_caches(2, 1, 1, 4, 8, torch.bfloat16, gen)  # evicts the table at once
+        with torch.cuda.stream(a):
+            ops.kv_compact(other_k, other_v, torch.zeros(1, dtype=torch.int64, device="cuda"),
+                           torch.zeros(1, 1, dtype=torch.int64, device="cuda"), backend=backend)
+            torch.empty(16 * layers * 4, dtype=torch.int64, device="cuda").fill_(-1)  # may reuse freed blocks
+        torch.cuda.synchronize()
+        assert torch.equal(got, want)
+        assert all(torch.equal(x, y) for x, y in zip([*k, *v], [*ref_k, *ref_v]))

@@ -16,12 +16,21 @@ device. Two ways, picked per call:
   nothing. A new table is uploaded from pinned host memory with a non-blocking copy on
   the current stream (no host sync).
 
+Streams: the upload is ordered on the stream that made it, not on the others. The first
+time another stream uses a table, that stream waits on the event recorded after the upload
+(a device-side wait, no host sync) and the table is recorded on it (`record_stream`), so
+evicting the table never hands its memory to a new allocation while a kernel queued on
+that stream may still read it. Each (table, stream) pair pays this once.
+
 The graph-capture rule: a pageable host-to-device copy cannot be captured, and a new
 table is not built during capture either. Call the op once with the same cache tensors
 before capturing (the usual warm-up), or use the fast path, which needs no table. A
 capture that meets an unknown set of separate tensors raises a RuntimeError saying so.
 Tables that a capture has used are kept for the life of the process (a graph replays
-their address); the others are evicted oldest first beyond MAX_TABLES.
+their address); the others are evicted oldest first beyond MAX_TABLES. During capture no
+stream waits on the upload event (waiting on an event recorded outside the capture is
+invalid in CUDA stream capture) and none is needed: torch.cuda.graph synchronises the
+device before it begins capturing, so every table made before is on the device.
 """
 
 import collections
@@ -33,8 +42,18 @@ import torch
 MAX_TABLES = 64  # cached tables not used by a graph capture; older ones are evicted
 VECTOR_BYTES = 16  # the widest load/store the kernels issue
 
-_tables: "collections.OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]]" = collections.OrderedDict()
-_captured: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # never freed: a graph holds their address
+
+
+@dataclass
+class _Entry:
+    table: torch.Tensor  # [2L, 4] int64 on the device
+    host: torch.Tensor  # its pinned source, alive as long as the non-blocking copy may run
+    uploaded: object  # torch.cuda.Event recorded after the upload on its stream (None on the CPU)
+    streams: set  # cuda_stream handles ordered after the upload (and recorded on the table)
+
+
+_tables: "collections.OrderedDict[tuple, _Entry]" = collections.OrderedDict()
+_captured: dict[tuple, _Entry] = {}  # never freed: a graph holds their address
 
 
 @dataclass(frozen=True)
@@ -96,9 +115,19 @@ def _table(caches: list[torch.Tensor]) -> torch.Tensor:
         host = torch.tensor(rows, dtype=torch.int64).reshape(len(caches), 4)
         if device.type == "cuda":  # pinned + non_blocking: stream-ordered, no host sync
             host = host.pin_memory()
-            entry = (host.to(device, non_blocking=True), host)  # keep the source alive with the table
+            stream = torch.cuda.current_stream(device)
+            table = host.to(device, non_blocking=True)
+            uploaded = torch.cuda.Event()
+            uploaded.record(stream)
+            entry = _Entry(table, host, uploaded, {stream.cuda_stream})
         else:  # CPU tensors (the Triton interpreter): the table is the host tensor itself
-            entry = (host, host)
+            entry = _Entry(host, host, None, set())
+    elif device.type == "cuda" and not capturing:
+        stream = torch.cuda.current_stream(device)
+        if stream.cuda_stream not in entry.streams:  # made (or last seen) on another stream
+            stream.wait_event(entry.uploaded)
+            entry.table.record_stream(stream)
+            entry.streams.add(stream.cuda_stream)
     if capturing:
         _tables.pop(key, None)
         _captured[key] = entry
@@ -107,7 +136,7 @@ def _table(caches: list[torch.Tensor]) -> torch.Tensor:
         _tables.move_to_end(key)
         while len(_tables) > MAX_TABLES:
             _tables.popitem(last=False)
-    return entry[0]
+    return entry.table
 
 
 def cache_layout(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> CacheLayout:

@@ -25,11 +25,14 @@ def zeroed_workspace(device: torch.device, nbytes: int) -> torch.Tensor:
     """A zeroed uint8 buffer of >= nbytes for kernels that leave their workspace zeroed.
 
     One buffer per stream, grown by doubling. A buffer that a CUDA graph may have captured
-    is never freed: a grown-out buffer is retired, not released. During stream capture
-    with no cached buffer yet, a fresh zeroed one is returned (its memset is captured
-    too); warm up once before capturing to get a single-launch graph. Graphs captured on
-    one stream share that stream's buffer, so replay them one at a time (on one stream),
-    as serving loops do.
+    is never freed: a grown-out buffer is retired, not released. During stream capture the
+    key is the capturing stream: warm up ON THAT STREAM first (torch.cuda.graph(g, stream=s)
+    after a warm-up under torch.cuda.stream(s), as decoding.graphs.GraphRunner does) and the
+    capture finds the buffer, so the graph holds one kernel node per op. torch.cuda.graph
+    without stream= captures on a private stream of its own, which has no buffer: then a
+    fresh zeroed one is returned and its memset is captured too. Graphs captured on one
+    stream share that stream's buffer, so replay them one at a time (on one stream), as
+    serving loops do.
     """
     key = _stream_key(device)
     cached = _zeroed_workspaces.get(key)

@@ -43,14 +43,17 @@ def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch
         seed: makes sampling reproducible; each row draws from its own Philox stream, so its
             tokens do not depend on the rest of the batch.
         backend: the verification ops' backend ("auto", "torch", "triton", "cuda").
-        cuda_graphs: capture the draft and verify steps as CUDA graphs (default: on a GPU).
+        cuda_graphs: capture the draft and verify steps as CUDA graphs (default: on a GPU). The graphs
+            are kept for later calls with the same models, strategy options, batch size, length bucket
+            and sampling (decoding.clear_graph_cache() frees them; graphs.MAX_SESSIONS bounds them).
         strategy_options: the strategy's own (e.g. draft_model=, num_draft_tokens= for
             "speculative"; draft_model=, fallback_threshold=, rollback_threshold= for "bild"; drafter=, block_size=, top_beta=, tau= for "specdec"; exit_layer=, k=, head= for "ppd").
 
     Returns:
         GenerateOutput(sequences [B, P + T] int64 like HF's generate, stats).
     """
-    if isinstance(strategy, str):
+    named = isinstance(strategy, str)
+    if named:
         table = _strategies()
         if strategy not in table:
             check.fail(OP, f"unknown strategy {strategy!r}; available: {', '.join(sorted(table))}")
@@ -63,5 +66,5 @@ def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch
     with restored_attention(target, getattr(strategy, "draft_model", None)):
         engine = Engine(target, strategy, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                         sampling=sampling, eos_token_id=eos_token_id, pad_token_id=pad_token_id, seed=seed,
-                        backend=backend, cuda_graphs=cuda_graphs)
+                        backend=backend, cuda_graphs=cuda_graphs, named_strategy=named)
         return engine.run()

@@ -33,7 +33,7 @@ from torch import Tensor
 from .. import ops
 from ..ops import _validate as check
 from .draft_model import TwoModelStrategy
-from .engine import OP, Engine, Proposal
+from .engine import OP, Engine, Proposal, weight_addresses
 from .standardize import draw, standardize
 
 ACCEPT_ALL = 3.0e38  # a rollback threshold no -log p exceeds: keep every draft, take the bonus top-1
@@ -67,11 +67,17 @@ class BildDecoder(TwoModelStrategy):
         super().start(engine)
         batch = engine.root.shape[0]
         # official mode: the large model takes the first round, and the round after a rollback
-        self.large_next = torch.full((batch,), self.mode == "official", dtype=torch.bool, device=engine.device)
-        self.counts = torch.zeros(3, dtype=torch.int64, device=engine.device)  # fallbacks, rollbacks, forced
+        self.large_next = engine.keep("bild.large_next", torch.full((batch,), self.mode == "official",
+                                                                    dtype=torch.bool, device=engine.device))
+        # fallbacks, rollbacks, forced
+        self.counts = engine.keep("bild.counts", torch.zeros(3, dtype=torch.int64, device=engine.device))
 
     def num_draft_tokens(self) -> int:
         return self.max_small_run
+
+    def graph_key(self):
+        return (self.name, id(self.draft_model), weight_addresses(self.draft_model), self.fallback_threshold,
+                self.rollback_threshold, self.max_small_run, self.mode, self.rollback_rule, self.verify_small_eos)
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
         feed = self.draft.begin(engine, first)

@@ -49,7 +49,7 @@ class DraftModel:
         self.max_id = self.adapter.embeddings.weight.shape[0] - 1
         check_vocab(self.vocab, self.max_id + 1)
         self.cache = engine.new_cache(self.adapter, "draft", self.max_id)
-        self.start = self.cache.seq_lens.clone()
+        self.start = engine.keep("draft.start", self.cache.seq_lens.clone())
 
     def begin(self, engine, first: bool) -> Tensor:
         """Remember where the step starts; the tokens the first forward feeds ([B, 1] or [B, 2])."""

@@ -10,6 +10,12 @@ Rows are independent: per-row lengths, seeds and positions; a finished row (EOS 
 max_new_tokens) writes nothing more and its cache lengths are frozen. The host reads one small
 tensor per step (finished flags + whether every row accepted everything) to decide whether to stop,
 drop finished rows (eager only) and adapt the draft length.
+
+Between calls (graph mode): the engine gets a GraphSession (graphs.py) for its session_key. Every tensor
+a captured step touches is made through `keep` (a new call fills the kept tensor in place) and every
+cache through `reuse`, so a second call with the same key replays the first call's graphs. Lengths
+are bucketed (`span`) so calls whose prompt + max_new_tokens fall in one bucket share graphs; the
+budget is a device tensor, not a number baked into the graphs.
 """
 
 import abc
@@ -22,7 +28,7 @@ from torch import Tensor
 
 from .. import ops
 from ..ops import _validate as check
-from .graphs import GraphRunner
+from . import graphs as graph_store
 from .output import GenerateOutput, Stats
 from .standardize import Sampling
 
@@ -89,6 +95,12 @@ class Strategy(abc.ABC):
     def report(self, engine: "Engine") -> dict:
         return {}
 
+    def graph_key(self):
+        """Hashable configuration of everything the strategy bakes into captured graphs (Python numbers,
+        module identities), or None: graphs are then not kept between calls. Tensors the steps use
+        must come from engine.keep / engine.reuse in start() for kept graphs to stay valid."""
+        return None
+
 
 def adapt_model(model, role: str):
     """specdec_kernels.hf.adapt with the error naming the role and what is supported."""
@@ -138,6 +150,24 @@ def right_aligned(input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Ten
     return input_ids.gather(1, order), lengths.to(torch.int64)
 
 
+SPAN_BUCKET = 64  # smallest length bucket; buckets double from there
+
+
+def weight_addresses(module) -> tuple:
+    """Where a module's parameters live: part of a graph key, since a graph replays these addresses
+    (model.half().float() or a new state dict assigned by reference moves them; in-place loads do not)."""
+    return tuple(p.data_ptr() for p in module.parameters())
+
+
+def length_bucket(tokens: int) -> int:
+    """The power of two (>= SPAN_BUCKET) holding `tokens`: at most 2x the memory, and every call in
+    a bucket shares its graphs."""
+    bucket = SPAN_BUCKET
+    while bucket < tokens:
+        bucket *= 2
+    return bucket
+
+
 def graphs_supported(device: torch.device) -> bool:
     """CUDA graphs by default on a GPU, once ops.tree_attention has a GPU backend: its torch
     reference reads each row's length back (a sync per row), which graph capture forbids."""
@@ -149,11 +179,11 @@ class Engine:
 
     def __init__(self, target, strategy: Strategy, input_ids: Tensor, *, attention_mask=None, max_new_tokens: int,
                  sampling: Sampling, eos_token_id=None, pad_token_id=None, seed=None, backend="auto",
-                 cuda_graphs=None):
+                 cuda_graphs=None, named_strategy: bool = False):
         check.tensor(OP, "input_ids", input_ids, shape=("B", "P"), dtypes=check.INDEX_DTYPES, last_dim_contiguous=False)
         self.max_new_tokens = check.positive_int(OP, "max_new_tokens", max_new_tokens)
         self.target = adapt_model(target, "target")
-        self.strategy, self.sampling, self.backend = strategy, sampling, backend
+        self.sampling, self.backend = sampling, backend
         self.device = self.target.lm_head.weight.device
         self.vocab = self.target.lm_head.weight.shape[0]
         self.encoder_decoder = hasattr(self.target, "encode")
@@ -164,7 +194,7 @@ class Engine:
         self.eos_ids = torch.tensor(self.eos or [-1], dtype=torch.int64, device=self.device)
         if cuda_graphs is None:
             cuda_graphs = graphs_supported(self.device)
-        self.graphs = GraphRunner(bool(cuda_graphs))
+        cuda_graphs = bool(cuda_graphs)
         self.input_ids = input_ids.to(self.device)
         mask = None if attention_mask is None else attention_mask.to(self.device)
         if self.encoder_decoder:
@@ -178,29 +208,79 @@ class Engine:
         else:
             self.prompts, self.prompt_lengths = right_aligned(self.input_ids.to(torch.int64), mask)
         batch = self.prompts.shape[0]
+        # room for every prompt token and every new one: exact when eager, bucketed when graphs are
+        # kept, so calls of a similar length share them
+        self.span = self.prompts.shape[1] + self.max_new_tokens
+        if cuda_graphs:
+            self.span = length_bucket(self.span)
+        key = self.session_key(strategy, target, named_strategy) if cuda_graphs else None
+        self.session = graph_store.session(key, strategy, cuda_graphs, self.device)
+        self.graphs, self.strategy = self.session.runner, self.session.strategy
+        self.session.state.setdefault("target.model", target)  # the graphs read its weights: hold it
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, ()).item())
         rows = torch.arange(batch, dtype=torch.int64, device=self.device)
-        self.seeds = (int(seed) & 0xFFFFFFFF) | (rows << 32)  # one Philox key per request
+        self.seeds = self.keep("seeds", (int(seed) & 0xFFFFFFFF) | (rows << 32))  # one Philox key per request
+        self.eos_ids = self.keep("eos_ids", self.eos_ids)
         self.row_ids = rows.clone()  # active row -> row of the output
+
+    def session_key(self, strategy: Strategy, target, named: bool):
+        """What the captured graphs bake in besides kept tensors: the models, the strategy's
+        configuration, shapes (batch, length bucket), sampling, backend, EOS and pad ids. None
+        (nothing kept) for encoder-decoders, whose encoder states and cross-attention K/V are
+        allocated per call, and for strategies without a graph_key. A strategy made from its name
+        is matched by configuration; a strategy object only by itself."""
+        strategy_key = strategy.graph_key()
+        if self.encoder_decoder or strategy_key is None:
+            return None
+        owner = ("named",) if named else ("object", id(strategy))
+        weight = self.target.lm_head.weight
+        return (id(target), weight_addresses(target), owner, strategy_key, self.prompts.shape[0], self.span,
+                self.sampling, self.backend, tuple(self.eos), self.pad, weight.device, weight.dtype)
+
+    def keep(self, name: str, value: Tensor) -> Tensor:
+        """`value`, or, when the session kept a tensor under `name` (a kept graph reads and writes that
+        one), that tensor filled with `value` in place."""
+        kept = self.session.state.get(name)
+        if kept is None:
+            self.session.state[name] = value
+            return value
+        if kept.shape != value.shape or kept.dtype != value.dtype:
+            raise RuntimeError(f"{OP}: kept tensor {name!r} is {tuple(kept.shape)} {kept.dtype}, the call needs "
+                               f"{tuple(value.shape)} {value.dtype}: the session key misses a shape")
+        return kept.copy_(value)
+
+    def reuse(self, name: str, make):
+        """(the object the session kept under `name`, True), else (make(), False); a kept cache is
+        the caller's to reset."""
+        state = self.session.state
+        if name not in state:
+            state[name] = make()
+            return state[name], False
+        return state[name], True
 
     # ---- setup -------------------------------------------------------------------------------
 
     def cache_length(self, adapter, role: str) -> int:
-        """Room for the longest prompt, every new token and one step's drafts past the budget."""
-        length = self.prompts.shape[1] + self.max_new_tokens + self.strategy.max_draft_tokens() + 2
+        """Room for the longest prompt, every new token and one step's drafts past the budget (the
+        span's bucket when graphs are kept, within the model's positions)."""
+        extra = self.strategy.max_draft_tokens() + 2
+        length = self.prompts.shape[1] + self.max_new_tokens + extra
         limit = adapter.max_positions()
         if limit is not None and length > limit:
             check.fail(OP, f"the longest prompt ({self.prompts.shape[1]} tokens) + max_new_tokens "
-                           f"({self.max_new_tokens}) + drafts ({self.strategy.max_draft_tokens() + 2}) = {length} "
+                           f"({self.max_new_tokens}) + drafts ({extra}) = {length} "
                            f"positions exceeds the {role} model's {limit}: shorten the prompt or max_new_tokens")
-        return length
+        return min(self.span + extra, limit) if limit is not None else self.span + extra
 
     def new_cache(self, adapter, role: str, max_id: int | None = None):
         """A SpecCache for `adapter` holding every prompt token but the last (the root);
         encoder-decoders run their encoder first. max_id clamps the ids it is fed (a draft
         with a smaller embedding table)."""
-        cache = adapter.new_cache(self.prompts.shape[0], self.cache_length(adapter, role))
+        cache, reused = self.reuse(f"{role}.cache",
+                                   lambda: adapter.new_cache(self.prompts.shape[0], self.cache_length(adapter, role)))
+        if reused:
+            cache.reset()  # empty rows, same storage: the kept graphs address it
         fit = (lambda ids: ids) if max_id is None else (lambda ids: ids.clamp(max=max_id))
         if self.encoder_decoder:
             adapter.encode(fit(self.input_ids), cache, attention_mask=self.source_mask)
@@ -212,17 +292,20 @@ class Engine:
         batch, width = self.prompts.shape[0], self.strategy.max_draft_tokens() + 1
         self.cache = self.new_cache(self.target, "target")
         last = (self.prompt_lengths - 1).unsqueeze(1)
-        self.root = self.prompts.gather(1, last).squeeze(1)
-        self.prev = self.prompts.gather(1, (last - 1).clamp(min=0)).squeeze(1)  # token before the root
-        self.generated = torch.full((batch, self.max_new_tokens + width), self.pad, dtype=torch.int64,
-                                    device=self.device)
-        self.num_generated = torch.zeros(batch, dtype=torch.int64, device=self.device)
-        self.finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        self.flags = torch.zeros(batch + 1, dtype=torch.bool, device=self.device)
+        keep, device = self.keep, self.device
+        self.root = keep("root", self.prompts.gather(1, last).squeeze(1))
+        self.prev = keep("prev", self.prompts.gather(1, (last - 1).clamp(min=0)).squeeze(1))  # token before the root
+        # new tokens land here (up to max_new_tokens + one step's overshoot); the span bounds max_new_tokens
+        self.generated = keep("generated", torch.full((batch, self.span + width), self.pad,
+                                                      dtype=torch.int64, device=device))
+        self.budget = keep("budget", torch.tensor(self.max_new_tokens, dtype=torch.int64, device=device))
+        self.num_generated = keep("num_generated", torch.zeros(batch, dtype=torch.int64, device=device))
+        self.finished = keep("finished", torch.zeros(batch, dtype=torch.bool, device=device))
+        self.flags = keep("flags", torch.zeros(batch + 1, dtype=torch.bool, device=device))
         # device-side counters, read once at the end
-        self.counts = torch.zeros(3, dtype=torch.int64, device=self.device)  # target forwards, emitted, accepted
-        self.drafted_at = torch.zeros(width - 1, dtype=torch.int64, device=self.device)
-        self.accepted_at = torch.zeros(width - 1, dtype=torch.int64, device=self.device)
+        self.counts = keep("counts", torch.zeros(3, dtype=torch.int64, device=device))  # forwards, emitted, accepted
+        self.drafted_at = keep("drafted_at", torch.zeros(width - 1, dtype=torch.int64, device=device))
+        self.accepted_at = keep("accepted_at", torch.zeros(width - 1, dtype=torch.int64, device=device))
         self.final = torch.full((batch, self.max_new_tokens), self.pad, dtype=torch.int64, device=self.device)
         self.final_lengths = torch.zeros(batch, dtype=torch.int64, device=self.device)
         self.strategy.start(self)
@@ -258,11 +341,11 @@ class Engine:
         emitted = num_accepted + 1
         is_eos = torch.isin(out, self.eos_ids) & (j < emitted.unsqueeze(1))
         first_eos = torch.where(is_eos.any(dim=1), is_eos.to(torch.int8).argmax(dim=1), g + 1)
-        keep = torch.minimum(torch.minimum(emitted, first_eos + 1), self.max_new_tokens - self.num_generated)
+        keep = torch.minimum(torch.minimum(emitted, first_eos + 1), self.budget - self.num_generated)
         keep = torch.where(active, keep, torch.zeros_like(keep))
         kept = j < keep.unsqueeze(1)
         self.generated.scatter_(1, self.num_generated.unsqueeze(1) + j, torch.where(kept, out, self.pad))
-        done = (is_eos & kept).any(dim=1) | (self.num_generated + keep >= self.max_new_tokens)
+        done = (is_eos & kept).any(dim=1) | (self.num_generated + keep >= self.budget)
         self.num_generated.add_(keep)
         history = torch.cat([self.prev.unsqueeze(1), self.root.unsqueeze(1), out.clamp(min=0)], dim=1)
         self.prev.copy_(history.gather(1, (num_accepted + 1).unsqueeze(1)).squeeze(1))
@@ -279,6 +362,18 @@ class Engine:
     # ---- the loop ----------------------------------------------------------------------------
 
     def run(self) -> GenerateOutput:
+        session = self.session
+        session.busy = True
+        try:
+            return self.loop()
+        except BaseException:
+            graph_store.discard(session)  # its graphs or kept state may be half made
+            raise
+        finally:
+            session.busy = False
+
+    def loop(self) -> GenerateOutput:
+        self.captured_before = self.graphs.captured
         self.setup()
         stats = Stats()
         timer = StepTimer(self.device)
@@ -344,7 +439,9 @@ class Engine:
         stats.drafted_tokens = sum(drafted_at)
         stats.per_position_acceptance = [a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at)]
         stats.draft_time_s, stats.verify_time_s = timer.totals()
-        stats.extra = dict(self.strategy.report(self), cuda_graphs_captured=self.graphs.captured)
+        # captured: by this call; kept: in the session, replayed by later calls of the same key
+        stats.extra = dict(self.strategy.report(self), cuda_graphs_captured=self.graphs.captured - self.captured_before,
+                           cuda_graphs_kept=self.graphs.captured if self.session.stored else 0)
         return GenerateOutput(sequences, stats)
 
 

@@ -1,22 +1,97 @@
-"""CUDA-graph runner: the engine's draft step and verify step, captured once per (step, batch size,
-draft length) and replayed.
+"""CUDA graphs for the engine: the draft step and the verify step, captured once per (step, batch size,
+draft length) and replayed, and kept between `generate` calls.
 
 The eager path and the graph path run the SAME step functions; a step reads and writes engine
 state in place (caches, roots, counters are preallocated tensors), takes its tensor inputs as
-arguments and returns its outputs. The first call of a key runs eagerly on a side stream (real
-work, and the warm-up CUDA graphs need); the second captures and replays; later calls copy their
-inputs into the captured input buffers (skipped when they already are those buffers) and replay.
-Outputs of a replayed step are the captured output tensors, overwritten by the next replay.
+arguments and returns its outputs. The first call of a key runs eagerly (real work, and the warm-up
+CUDA graphs need); the second captures and replays; later calls copy their inputs into the captured
+input buffers (skipped when they already are those buffers) and replay. Outputs of a replayed step
+are the captured output tensors, overwritten by the next replay.
+
+Warm-up and capture run on ONE side stream per device (the backend's), so the per-stream workspaces
+that the single-launch kernels cache (common/workspace.py) are found again during capture: a captured
+op is one kernel node, not a memset plus the kernel (torch.cuda.graph would otherwise capture on a
+private stream of its own, which has no cached workspace).
+
+Graphs outlive the call that captured them: a GraphSession keeps the runner, the strategy object the
+graphs were captured with and every tensor or object the captured steps read or write (the engine's
+`keep` / `reuse`), keyed by everything that is baked into the graphs (engine.Engine.session_key). A
+later call with the same key fills those tensors in place and replays, capturing nothing. At most
+MAX_SESSIONS sessions are kept (least recently used evicted); clear_graph_cache() frees them all. A
+kept session holds its models, caches and graph memory alive until it is evicted or cleared.
+
+The torch.cuda calls sit behind a small backend (CudaGraphs) that tests replace with a fake
+(use_backend) to count captures on the CPU.
 """
+
+import collections
+import contextlib
 
 import torch
 
+MAX_SESSIONS = 4  # kept sessions (each holds KV caches for its batch and length bucket); LRU beyond; 0 keeps none
+
+
+class CudaGraphs:
+    """What GraphRunner needs from torch.cuda: a capture stream, warm-up, capture, replay.
+    capture(stream, fn, inputs) returns an opaque graph; replay(graph) runs it and returns the
+    outputs fn returned at capture (the same tensors every replay, overwritten)."""
+
+    def __init__(self):
+        self._streams: dict[int, torch.cuda.Stream] = {}
+
+    def available(self) -> bool:
+        return torch.cuda.is_available()
+
+    def stream(self, device: torch.device):
+        """The device's one warm-up-and-capture stream: graphs captured on it share its workspace
+        (replay them one at a time, as the engine does)."""
+        index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+        if index not in self._streams:
+            self._streams[index] = torch.cuda.Stream(device=index)
+        return self._streams[index]
+
+    def warm_up(self, stream, fn, inputs):
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            out = fn(*inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        return out
+
+    def capture(self, stream, fn, inputs):
+        graph = torch.cuda.CUDAGraph()
+        # stream=: capture where the warm-up ran (see the module docstring); torch.cuda.graph
+        # synchronises the device before capture begins
+        with torch.cuda.graph(graph, stream=stream):
+            out = fn(*inputs)
+        return graph, out
+
+    def replay(self, graph):
+        cuda_graph, out = graph
+        cuda_graph.replay()
+        return out
+
+
+_backend = CudaGraphs()
+
+
+@contextlib.contextmanager
+def use_backend(backend):
+    """Run GraphRunners (and the sessions created meanwhile) on `backend` (tests: a CPU fake)."""
+    global _backend
+    previous, _backend = _backend, backend
+    try:
+        yield backend
+    finally:
+        _backend = previous
+
 
 class GraphRunner:
-    def __init__(self, enabled: bool):
-        if enabled and not torch.cuda.is_available():
+    def __init__(self, enabled: bool, device: torch.device | None = None, backend=None):
+        self.backend = backend or _backend
+        if enabled and not self.backend.available():
             raise ValueError("generate: cuda_graphs=True needs a CUDA device (pass cuda_graphs=False)")
-        self.enabled = enabled
+        self.enabled, self.device = enabled, device
         self.graphs: dict = {}
         self.warmed: set = set()
 
@@ -24,26 +99,67 @@ class GraphRunner:
         if not self.enabled:
             return fn(*inputs)
         if key not in self.graphs:
+            stream = self.backend.stream(self.device)
             if key not in self.warmed:
                 self.warmed.add(key)
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    out = fn(*inputs)
-                torch.cuda.current_stream().wait_stream(side)
-                return out
+                return self.backend.warm_up(stream, fn, inputs)
             static_inputs = tuple(None if x is None else x.clone() for x in inputs)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_out = fn(*static_inputs)
-            self.graphs[key] = (graph, static_inputs, static_out)
-        graph, static_inputs, static_out = self.graphs[key]
+            self.graphs[key] = (self.backend.capture(stream, fn, static_inputs), static_inputs)
+        graph, static_inputs = self.graphs[key]
         for static, x in zip(static_inputs, inputs):
             if static is not None and static.data_ptr() != x.data_ptr():
                 static.copy_(x)
-        graph.replay()
-        return static_out
+        return self.backend.replay(graph)
 
     @property
     def captured(self) -> int:
         return len(self.graphs)
+
+
+class GraphSession:
+    """One key's runner, strategy object and kept state (see the module docstring). `stored`: whether
+    it lives in the cache (eager calls and unkeyable configurations get a throwaway one)."""
+
+    def __init__(self, runner: GraphRunner, strategy, stored: bool):
+        self.runner, self.strategy, self.stored = runner, strategy, stored
+        self.state: dict = {}
+        self.busy = False
+
+
+_sessions: "collections.OrderedDict[tuple, GraphSession]" = collections.OrderedDict()
+
+
+def session(key, strategy, enabled: bool, device: torch.device) -> GraphSession:
+    """The kept session of `key` (its strategy object replaces `strategy`), or a new one: stored when
+    graphs are on and key is not None, evicting the least recently used beyond MAX_SESSIONS."""
+    if enabled and key is not None:
+        found = _sessions.get(key)
+        if found is not None and not found.busy:  # busy: a call re-entered; it gets its own
+            _sessions.move_to_end(key)
+            return found
+    stored = enabled and key is not None and key not in _sessions
+    made = GraphSession(GraphRunner(enabled, device), strategy, stored)
+    if stored:
+        _sessions[key] = made
+        while len(_sessions) > MAX_SESSIONS:
+            _sessions.popitem(last=False)[1].stored = False  # a call still running on it finishes normally
+    return made
+
+
+def discard(made: GraphSession) -> None:
+    """Forget a session whose call failed (its graphs or state may be half made)."""
+    made.stored = False
+    for key, value in list(_sessions.items()):
+        if value is made:
+            del _sessions[key]
+
+
+def clear_graph_cache() -> None:
+    """Free every kept session: graphs, their memory pools, caches and the models they hold."""
+    for made in _sessions.values():
+        made.stored = False
+    _sessions.clear()
+
+
+def kept_sessions() -> int:
+    return len(_sessions)

@@ -31,6 +31,9 @@ class PlainDecoder(Strategy):
     def num_draft_tokens(self) -> int:
         return 0
 
+    def graph_key(self):
+        return (self.name,)
+
     def propose(self, engine: Engine, first: bool) -> Proposal:
         return Proposal(engine.root.new_zeros(engine.root.shape[0], 0))
 

@@ -84,21 +84,35 @@ class PPDDecoder(Strategy):
             check.fail(OP, f"`k`={self.k} exceeds the vocabulary ({engine.vocab})")
         option = self.head_option
         if option is None or option == "N":
-            self.head, self.head_kind = EarlyExitHead.from_model(engine.target), "N"
+            head, self.head_kind = EarlyExitHead.from_model(engine.target), "N"
         elif isinstance(option, EarlyExitHeads):
-            self.head, self.head_kind = option[self.exit_layer], "Y"
+            head, self.head_kind = option[self.exit_layer], "Y"
         elif isinstance(option, EarlyExitHead):
-            self.head, self.head_kind = option, "Y"
+            head, self.head_kind = option, "Y"
         else:
             check.fail(OP, f"`head` must be None, 'N', an EarlyExitHead or EarlyExitHeads (got {option!r})")
-        if self.head.weight.device != engine.device:
-            check.fail(OP, f"the early-exit head is on {self.head.weight.device}, the target on {engine.device}")
+        if head.weight.device != engine.device:
+            check.fail(OP, f"the early-exit head is on {head.weight.device}, the target on {engine.device}")
         dtype = engine.target.lm_head.weight.dtype
-        if self.head.weight.dtype != dtype:  # e.g. fp32-trained heads on a bf16 target: cast once, not per step
-            self.head = copy.deepcopy(self.head).to(dtype)
+        if head.weight.dtype != dtype:  # e.g. fp32-trained heads on a bf16 target: cast once, not per step
+            # kept: a kept graph reads the cast copy's weights, which a new copy would free; refreshed
+            # in place, as the head may have been trained further since
+            cast, reused = engine.reuse("ppd.head", lambda: copy.deepcopy(head).to(dtype))
+            if reused:
+                with torch.no_grad():
+                    for kept, source in zip(cast.parameters(), head.parameters()):
+                        kept.copy_(source)
+            head = cast
+        self.head = head
 
     def num_draft_tokens(self) -> int:
         return self.k
+
+    def graph_key(self):
+        head = self.head_option
+        if head not in (None, "N"):  # trained heads: the object and where its weights live
+            head = (id(head), tuple(p.data_ptr() for p in head.parameters()))
+        return (self.name, self.k, self.exit_layer_option, head, id(self.candidates))
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
         state = engine.target.forward_to_layer(engine.root.unsqueeze(1), engine.cache, self.exit_layer)

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .. import ops
 from ..ops import _validate as check
-from .engine import OP, Engine, Proposal, Strategy
+from .engine import OP, Engine, Proposal, Strategy, weight_addresses
 
 
 class SpecDecDecoder(Strategy):
@@ -75,15 +75,25 @@ class SpecDecDecoder(Strategy):
             check.fail(OP, f"the longest prompt ({width}) + max_new_tokens ({engine.max_new_tokens}) + blocks "
                            f"needs {length + self.k} positions, more than the drafter's max_position_embeddings "
                            f"({config.max_position_embeddings})")
-        self.cache = self.drafter.new_cache(batch, length)
+        # the engine's span (bucketed when graphs are kept) within the drafter's positions
+        length = min(engine.span + 2 * self.k + 1, config.max_position_embeddings - self.k)
+        self.cache, reused = engine.reuse("specdec.cache", lambda: self.drafter.new_cache(batch, length))
+        if reused:  # empty rows, same storage: the kept graphs address it
+            self.cache.seq_lens.zero_()
+            self.cache._length_bound = 0
         if engine.encoder_decoder:
             self.drafter.encode(engine.input_ids.to(torch.int64), engine.source_mask, self.cache)
         # what the next draft step feeds: the previous step's committed tokens (the first step: the prompt)
-        self.pending = torch.zeros(batch, self.k + 1, dtype=torch.int64, device=engine.device)
-        self.pending_count = torch.zeros(batch, dtype=torch.int64, device=engine.device)
+        self.pending = engine.keep("specdec.pending", torch.zeros(batch, self.k + 1, dtype=torch.int64,
+                                                                  device=engine.device))
+        self.pending_count = engine.keep("specdec.pending_count",
+                                         torch.zeros(batch, dtype=torch.int64, device=engine.device))
 
     def num_draft_tokens(self) -> int:
         return self.k
+
+    def graph_key(self):
+        return (self.name, id(self.drafter), weight_addresses(self.drafter), self.k, self.top_beta, self.tau)
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
         if first:

@@ -28,7 +28,7 @@ from torch import Tensor
 from .. import ops
 from ..ops import _validate as check
 from .draft_model import TwoModelStrategy
-from .engine import OP, Engine, Proposal
+from .engine import OP, Engine, Proposal, weight_addresses
 from .standardize import standardize
 
 
@@ -60,6 +60,10 @@ class SpeculativeDecoder(TwoModelStrategy):
 
     def num_draft_tokens(self) -> int:
         return self.g
+
+    def graph_key(self):
+        return (self.name, id(self.draft_model), weight_addresses(self.draft_model), self.initial_g, self.schedule,
+                self.g_max, self.lenience)
 
     def max_draft_tokens(self) -> int:
         return self.g_max
