@@ -62,7 +62,6 @@ MIN_TILES_PER_SPLIT = 4  # a split streams at least this many BLOCK_N tiles of p
 MAX_SPLITS = 64
 PROGRAMS_PER_SM = 2  # program slots per SM the split count fills (the 16-bit tiles compile to 1-2 resident per SM)
 MERGE_BLOCK_R = 16  # rows per program of the merge kernel
-MAX_GRID_X = 2**31 - 1  # CUDA's limit on grid x; y and z stop at 65535
 
 
 @triton.jit
@@ -374,10 +373,8 @@ def launch_limits(sizes: dict) -> str | None:
     the split kernel's; grid y (num_splits) is at most MAX_SPLITS."""
     batch, hkv, m_rows = sizes["B"], sizes["Hkv"], sizes["N"] * (sizes["Hq"] // max(sizes["Hkv"], 1))
     block_m = _tile_config(m_rows, sizes["D"], sizes["dtype"])["BLOCK_M"]
-    programs = batch * hkv * triton.cdiv(m_rows, min(block_m, MERGE_BLOCK_R))
-    if programs > MAX_GRID_X:
-        return f"B * Hkv * row blocks = {programs} programs, past CUDA's grid limit {MAX_GRID_X}"
-    return None
+    return _launch.grid_x_refusal(batch * hkv * triton.cdiv(m_rows, min(block_m, MERGE_BLOCK_R)),
+                                  "B * Hkv * row blocks")
 
 
 register("tree_attention", "triton", tree_attention, limits=launch_limits)
