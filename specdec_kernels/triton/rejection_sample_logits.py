@@ -48,7 +48,6 @@ import triton.language as tl
 from ..common.workspace import zeroed_counters
 from ..common.registry import register
 from ._fixed_point import count_at_or_below, draw_threshold, to_weights
-
 from ._launch import chain_outputs, device_scope, grid_x_refusal, randomness_mode
 from ._philox import SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform, row_stream
 from ._tickets import last_ticket, reset_ticket
