@@ -345,3 +345,28 @@ def test_every_op_with_index_tensors_is_covered():
                "tree_greedy_verify", "tree_rejection_sample", "tree_attention", "kv_rollback", "kv_compact"}
     from specdec_kernels.common.registry import registered_ops
     assert set(registered_ops()) - covered == {"max_prob", "early_exit_topk"}
+
+
+@pytest.mark.parametrize("backend", backends_of("tree_attention"))
+@pytest.mark.parametrize("strided", ["seq_lens", "parents", "block_table"])
+@pytest.mark.parametrize("dtype", INDEX_DTYPES, ids=["int64", "int32"])
+def test_tree_attention_reads_each_index_tensor_at_its_strides(backend, strided, dtype):
+    """One index tensor at a time as a column view (stride 3, offset 1), in either width: the
+    Triton kernel once read seq_lens, parents and block_table as if contiguous."""
+    from specdec_kernels.reference.attention import paged_from_contiguous
+    gen = torch.Generator().manual_seed(3)
+    batch, n, hkv, d = 3, 4, 1, 16
+    lens = torch.tensor([5, 17, 9])
+    q = torch.randn(batch, n, 2 * hkv, d, generator=gen)
+    k, v = (torch.randn(batch, hkv, 24, d, generator=gen) for _ in range(2))
+    k, table = paged_from_contiguous(k, 4, generator=torch.Generator().manual_seed(1))
+    v, _ = paged_from_contiguous(v, 4, generator=torch.Generator().manual_seed(1))
+    parents = torch.tensor([[-1, 0, 1, 1], [-1, 0, 0, 2], [-1, -1, 0, 2]])
+    inputs = dict(seq_lens=lens, parents=parents, block_table=table)
+    views = {name: index_view(x, dtype, "column" if name == strided else "contiguous", 0) for name, x in inputs.items()}
+    dev = {name: x.to(DEVICE) for name, x in views.items()}
+    want = ops.tree_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), **{n_: x.to(DEVICE) for n_, x in inputs.items()},
+                              backend="torch")
+    got = ops.tree_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), dev["seq_lens"], dev["parents"],
+                             block_table=dev["block_table"], backend=backend)
+    assert_same(got, want, "tree_attention", atol=2e-5)
