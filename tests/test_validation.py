@@ -113,7 +113,7 @@ CASES = [
          target_probs=probs(B, G + 1, V, dtype=torch.float64), draft_probs=probs(B, G, V, dtype=torch.float64)),
     case("rejection_sample", "mixed-dtypes", TE, r"target_probs.*draft_probs.*one dtype",
          draft_probs=probs(B, G, V, dtype=torch.float16)),
-    case("rejection_sample", "int32-tokens", TE, r"draft_tokens.*dtype int64", draft_tokens=ids(B, G, dtype=torch.int32)),
+    case("rejection_sample", "int16-tokens", TE, r"draft_tokens.*dtype int64 or int32", draft_tokens=ids(B, G, dtype=torch.int16)),
     case("rejection_sample", "target-noncontig", VE, r"target_probs.*contiguous", target_probs=strided(B, G + 1, V)),
     case("rejection_sample", "draft-noncontig", VE, r"draft_probs.*contiguous", draft_probs=strided(B, G, V)),
     case("rejection_sample", "token>=V", VE, r"draft_tokens.*outside \[-1, 5\)", draft_tokens=full((B, G), V)),
@@ -121,7 +121,7 @@ CASES = [
     case("rejection_sample", "n_draft>g", VE, r"num_draft_tokens.*\[0, 3\]", num_draft_tokens=lens(1, G + 1)),
     case("rejection_sample", "n_draft<0", VE, r"num_draft_tokens.*\[0, 3\]", num_draft_tokens=lens(-1, 0)),
     case("rejection_sample", "n_draft-shape", VE, r"num_draft_tokens.*shape", num_draft_tokens=lens(1, 1, 1)),
-    case("rejection_sample", "n_draft-int32", TE, r"num_draft_tokens.*dtype", num_draft_tokens=lens(1, 1, dtype=torch.int32)),
+    case("rejection_sample", "n_draft-uint8", TE, r"num_draft_tokens.*dtype", num_draft_tokens=lens(1, 1, dtype=torch.uint8)),
     case("rejection_sample", "uniforms+seed", VE, r"exactly one of `uniforms`.*`seed`", seed=0),
     case("rejection_sample", "neither", VE, r"exactly one of `uniforms`.*`seed`", uniforms=None),
     case("rejection_sample", "uniforms-shape", VE, r"uniforms.*shape \[2, 4\]", uniforms=torch.rand(B, G)),
@@ -133,13 +133,13 @@ CASES = [
     case("rejection_sample", "seed-float", TE, r"seed.*int", uniforms=None, seed=1.5),
     case("rejection_sample", "seed-str", TE, r"seed.*int", uniforms=None, seed="0"),
     case("rejection_sample", "seed-bool", TE, r"seed.*int", uniforms=None, seed=True),
-    case("rejection_sample", "seed-int32-tensor", TE, r"seed.*dtype int64", uniforms=None, seed=lens(1, 2, dtype=torch.int32)),
+    case("rejection_sample", "seed-int16-tensor", TE, r"seed.*dtype int64 or int32", uniforms=None, seed=lens(1, 2, dtype=torch.int16)),
     case("rejection_sample", "seed-tensor-shape", VE, r"seed.*shape \[2\]", uniforms=None, seed=lens(1, 2, 3)),
     case("rejection_sample", "seed>int64", (VE, TE), r"seed", uniforms=None, seed=2**64),
     case("rejection_sample", "offsets+uniforms", VE, r"offsets.*seed", offsets=lens(0, 0)),
     case("rejection_sample", "offsets-shape", VE, r"offsets.*shape", uniforms=None, seed=0, offsets=lens(0)),
-    case("rejection_sample", "offsets-int32", TE, r"offsets.*dtype", uniforms=None, seed=0,
-         offsets=lens(0, 0, dtype=torch.int32)),
+    case("rejection_sample", "offsets-float", TE, r"offsets.*dtype", uniforms=None, seed=0,
+         offsets=lens(0, 0, dtype=torch.float32)),
     case("rejection_sample", "device", VE, r"draft_probs.*must be on cpu",
          draft_probs=torch.empty(B, G, V, device="meta")),
     # ------------------------------------------------------------------ greedy_verify
@@ -149,7 +149,7 @@ CASES = [
     case("greedy_verify", "draft_tokens-rank", VE, r"draft_tokens.*shape", draft_tokens=ids(B, G, 1)),
     case("greedy_verify", "float64", TE, r"target_logits.*dtype.*float64", target_logits=randn(B, G + 1, V, dtype=torch.float64)),
     case("greedy_verify", "int-logits", TE, r"target_logits.*dtype", target_logits=ids(B, G + 1, V)),
-    case("greedy_verify", "int32-tokens", TE, r"draft_tokens.*dtype int64", draft_tokens=ids(B, G, dtype=torch.int32)),
+    case("greedy_verify", "int16-tokens", TE, r"draft_tokens.*dtype int64 or int32", draft_tokens=ids(B, G, dtype=torch.int16)),
     case("greedy_verify", "noncontig", VE, r"target_logits.*contiguous", target_logits=strided(B, G + 1, V)),
     case("greedy_verify", "token>=V", VE, r"draft_tokens.*outside", draft_tokens=full((B, G), V)),
     case("greedy_verify", "n_draft>g", VE, r"num_draft_tokens.*\[0, 3\]", num_draft_tokens=lens(G + 1, 0)),
@@ -161,7 +161,7 @@ CASES = [
     case("relaxed_verify", "draft_tokens-shape", VE, r"draft_tokens.*shape", draft_tokens=ids(G)),
     case("relaxed_verify", "n_draft-shape", VE, r"num_draft_tokens.*shape", num_draft_tokens=ids(B, 1)),
     case("relaxed_verify", "float64", TE, r"target_logits.*dtype", target_logits=randn(B, G + 1, V, dtype=torch.float64)),
-    case("relaxed_verify", "int32-tokens", TE, r"draft_tokens.*dtype", draft_tokens=ids(B, G, dtype=torch.int32)),
+    case("relaxed_verify", "uint8-tokens", TE, r"draft_tokens.*dtype", draft_tokens=ids(B, G, dtype=torch.uint8)),
     case("relaxed_verify", "noncontig", VE, r"target_logits.*contiguous", target_logits=strided(B, G + 1, V)),
     case("relaxed_verify", "token>=V", VE, r"draft_tokens.*outside", draft_tokens=full((B, G), 99)),
     case("relaxed_verify", "n_draft<0", VE, r"num_draft_tokens.*\[0, 3\]", num_draft_tokens=lens(-1, 2)),
@@ -176,7 +176,7 @@ CASES = [
     case("bild_verify", "draft_tokens-shape", VE, r"draft_tokens.*shape", draft_tokens=ids(B, G, 2)),
     case("bild_verify", "n_draft-shape", VE, r"num_draft_tokens.*shape", num_draft_tokens=lens(0, 0, 0)),
     case("bild_verify", "float64", TE, r"target_logits.*dtype", target_logits=randn(B, G + 1, V, dtype=torch.float64)),
-    case("bild_verify", "int32-tokens", TE, r"draft_tokens.*dtype", draft_tokens=ids(B, G, dtype=torch.int32)),
+    case("bild_verify", "float-tokens", TE, r"draft_tokens.*dtype", draft_tokens=ids(B, G, dtype=torch.float32)),
     case("bild_verify", "noncontig", VE, r"target_logits.*contiguous", target_logits=strided(B, G + 1, V)),
     case("bild_verify", "token>=V", VE, r"draft_tokens.*outside", draft_tokens=full((B, G), V)),
     case("bild_verify", "n_draft>g", VE, r"num_draft_tokens.*\[0, 3\]", num_draft_tokens=lens(0, 4)),
@@ -206,8 +206,8 @@ CASES = [
          parents=ids(B, 0), target_logits=randn(B, 0, V)),
     case("tree_greedy_verify", "parents-shape", VE, r"parents.*shape \[2, 4\]", parents=tree(((-1, 0, 1),) * B)),
     case("tree_greedy_verify", "float64", TE, r"target_logits.*dtype", target_logits=randn(B, N, V, dtype=torch.float64)),
-    case("tree_greedy_verify", "int32-tokens", TE, r"tree_tokens.*dtype int64", tree_tokens=ids(B, N, dtype=torch.int32)),
-    case("tree_greedy_verify", "int32-parents", TE, r"parents.*dtype int64", parents=tree().int()),
+    case("tree_greedy_verify", "int16-tokens", TE, r"tree_tokens.*dtype int64 or int32", tree_tokens=ids(B, N, dtype=torch.int16)),
+    case("tree_greedy_verify", "int8-parents", TE, r"parents.*dtype int64 or int32", parents=tree().to(torch.int8)),
     case("tree_greedy_verify", "noncontig", VE, r"target_logits.*contiguous", target_logits=strided(B, N, V)),
     case("tree_greedy_verify", "token>=V", VE, r"tree_tokens\[:, 1:\].*outside", tree_tokens=full((B, N), V)),
     case("tree_greedy_verify", "root-parent", VE, r"parents\[:, 0\].*-1", parents=tree(((0, 0, 0, 1), PARENTS[1]))),
@@ -231,7 +231,7 @@ CASES = [
          target_probs=probs(B, N, V, dtype=torch.float64), draft_probs=probs(B, N, V, dtype=torch.float64)),
     case("tree_rejection_sample", "mixed-dtypes", TE, r"target_probs.*draft_probs.*one dtype",
          target_probs=probs(B, N, V, dtype=torch.bfloat16)),
-    case("tree_rejection_sample", "int32-tokens", TE, r"tree_tokens.*dtype", tree_tokens=ids(B, N, dtype=torch.int32)),
+    case("tree_rejection_sample", "int16-tokens", TE, r"tree_tokens.*dtype", tree_tokens=ids(B, N, dtype=torch.int16)),
     case("tree_rejection_sample", "noncontig", VE, r"draft_probs.*contiguous", draft_probs=strided(B, N, V)),
     case("tree_rejection_sample", "token>=V", VE, r"tree_tokens\[:, 1:\].*outside", tree_tokens=full((B, N), V + 3)),
     case("tree_rejection_sample", "root-parent", VE, r"parents\[:, 0\]", parents=tree(((-1, 0, 0, 1), (1, 0, 1, -1)))),
@@ -262,7 +262,7 @@ CASES = [
     case("tree_attention", "k_cache-dtype", TE, r"k_cache.*dtype float32", k_cache=randn(B, HKV, S_MAX, D, dtype=torch.float16)),
     case("tree_attention", "v_cache-dtype", TE, r"v_cache.*dtype float32", v_cache=randn(B, HKV, S_MAX, D, dtype=torch.bfloat16)),
     case("tree_attention", "seq_lens-float", TE, r"seq_lens.*dtype", seq_lens=torch.tensor([3.0, 6.0])),
-    case("tree_attention", "parents-int32", TE, r"parents.*dtype", parents=tree().int()),
+    case("tree_attention", "parents-float", TE, r"parents.*dtype", parents=tree().float()),
     case("tree_attention", "q-noncontig", VE, r"`q`.*contiguous", q=strided(B, N, HQ, D)),
     case("tree_attention", "k-noncontig", VE, r"k_cache.*contiguous", k_cache=strided(B, HKV, S_MAX, D)),
     case("tree_attention", "gqa", VE, r"Hq=3 .*multiple of .*Hkv=2", q=randn(B, N, 3, D)),
@@ -282,7 +282,7 @@ CASES = [
     case("tree_attention", "paged-no-pages", VE, r"at least one page",
          **paged(k_cache=randn(0, 4, HKV, D), v_cache=randn(0, 4, HKV, D))),
     case("tree_attention", "block_table-shape", VE, r"block_table.*shape \[2, max_pages\]", **paged(block_table=pages()[0])),
-    case("tree_attention", "block_table-float", TE, r"block_table.*dtype int32 or int64", **paged(block_table=pages().float())),
+    case("tree_attention", "block_table-float", TE, r"block_table.*dtype int64 or int32", **paged(block_table=pages().float())),
     case("tree_attention", "block_table-device", VE, r"block_table.*must be on cpu",
          **paged(block_table=torch.empty(B, 3, dtype=torch.int64, device="meta"))),
     case("tree_attention", "paged-capacity", VE, r"seq_lens.*max_pages \* page_size = 3 \* 4",
@@ -296,7 +296,7 @@ CASES = [
     case("kv_rollback", "seq_lens-rank", VE, r"seq_lens.*shape \[B\]", seq_lens=ids(B, 1)),
     case("kv_rollback", "num_accepted-shape", VE, r"num_accepted.*shape \[2\]", num_accepted=lens(0, 0, 0)),
     case("kv_rollback", "seq_lens-float", TE, r"seq_lens.*dtype", seq_lens=torch.tensor([3.0, 6.0])),
-    case("kv_rollback", "num_accepted-int32", TE, r"num_accepted.*dtype int64", num_accepted=lens(1, 0, dtype=torch.int32)),
+    case("kv_rollback", "num_accepted-int16", TE, r"num_accepted.*dtype int64 or int32", num_accepted=lens(1, 0, dtype=torch.int16)),
     case("kv_rollback", "num_accepted<0", VE, r"num_accepted.*>= 0", num_accepted=lens(0, -1)),
     case("kv_rollback", "not-tensor", TE, r"seq_lens.*torch\.Tensor", seq_lens=[3, 6]),
     # ------------------------------------------------------------------ kv_compact
@@ -305,7 +305,7 @@ CASES = [
     case("kv_compact", "not-lists", TE, r"k_caches.*v_caches.*lists", k_caches=randn(B, HKV, S_MAX, D)),
     case("kv_compact", "seq_lens-shape", VE, r"seq_lens.*shape", seq_lens=ids(B, 1)),
     case("kv_compact", "accepted-rank", VE, r"accepted_nodes.*shape \[2, M\]", accepted_nodes=lens(0, 1)),
-    case("kv_compact", "accepted-int32", TE, r"accepted_nodes.*dtype", accepted_nodes=tree(((0, 1), (0, 2))).int()),
+    case("kv_compact", "accepted-int16", TE, r"accepted_nodes.*dtype", accepted_nodes=tree(((0, 1), (0, 2))).short()),
     case("kv_compact", "k-rank", VE, r"k_caches\[0\].*shape", k_caches=[randn(B, HKV, S_MAX), randn(B, HKV, S_MAX, D)]),
     case("kv_compact", "v-mismatch", VE, r"v_caches\[1\].*shape",
          v_caches=[randn(B, HKV, S_MAX, D), randn(B, HKV, S_MAX + 2, D)]),
@@ -417,8 +417,8 @@ def test_triton_backend_missing_or_interpreted(op, monkeypatch):
 
 def test_validation_runs_before_backend_resolution():
     """A bad argument is reported even when the backend is also unusable."""
-    with pytest.raises(TypeError, match=r"^greedy_verify: `draft_tokens` must have dtype int64"):
-        call("greedy_verify", draft_tokens=ids(B, G, dtype=torch.int32), backend="cuda")
+    with pytest.raises(TypeError, match=r"^greedy_verify: `draft_tokens` must have dtype int64 or int32"):
+        call("greedy_verify", draft_tokens=ids(B, G, dtype=torch.int16), backend="cuda")
 
 
 # ---------------------------------------------------------------------------- valid edge inputs
@@ -450,6 +450,13 @@ EDGE_CASES = [
     ("tree_attention", paged(seq_lens=lens(0, 2), block_table=pages(((5, -1, 99), (1, 4, -7))))),  # unread entries
     ("tree_attention", paged(k_cache=randn(6, HKV, 4, D).transpose(1, 2), v_cache=randn(6, HKV, 4, D).transpose(1, 2))),
     ("kv_rollback", dict(seq_lens=lens(3, 6, dtype=torch.int32))),
+    ("kv_rollback", dict(num_accepted=lens(1, 0, dtype=torch.int32))),
+    # int32 index tensors (tests/test_strides_dtypes.py checks their results on every backend)
+    ("rejection_sample", dict(draft_tokens=ids(B, G, dtype=torch.int32), num_draft_tokens=lens(1, 1, dtype=torch.int32))),
+    ("rejection_sample", dict(uniforms=None, seed=lens(1, 2, dtype=torch.int32), offsets=lens(0, 5, dtype=torch.int32))),
+    ("tree_greedy_verify", dict(tree_tokens=ids(B, N, dtype=torch.int32), parents=tree().int())),
+    ("tree_attention", dict(parents=tree().int())),
+    ("kv_compact", dict(accepted_nodes=tree(((0, -1, -1), (0, 1, 2))).int(), seq_lens=lens(0, 7, dtype=torch.int32))),
     ("kv_compact", dict(accepted_nodes=tree(((0, -1, -1), (0, 1, 2))), seq_lens=lens(0, 7))),
     ("kv_compact", dict(k_caches=[], v_caches=[])),
     ("early_exit_topk", dict(k=V_HEAD)),

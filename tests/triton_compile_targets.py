@@ -136,6 +136,12 @@ def verify_cases(ops, gen):
         yield "bild_verify", tag, lambda: ops.bild_verify(logits, drafts, rollback_threshold=2.0,
                                                           num_draft_tokens=counts, backend="triton")
         yield "max_prob", tag, lambda: ops.max_prob(logits[:, 0], backend="triton")
+    # int32 index tensors as column views: the kernels read them at their strides and width
+    logits = rand(gen, 4, 5, 32000, dtype=torch.bfloat16)
+    drafts = torch.randint(0, 32000, (4, 4, 2), generator=gen, dtype=torch.int32)[..., 0]
+    counts = torch.tensor([[4, 0], [2, 0], [0, 0], [3, 0]], dtype=torch.int32)[:, 0]
+    yield "greedy_verify", "int32-strided-ids", lambda: ops.greedy_verify(logits, drafts, num_draft_tokens=counts,
+                                                                          backend="triton")
 
 
 def sampling_cases(ops, gen):
@@ -183,6 +189,10 @@ def tree_verify_cases(ops, gen):
                                                                              backend="triton")
     yield "tree_rejection_sample", "uniforms", lambda: ops.tree_rejection_sample(
         p, q, tokens, parents, uniforms=torch.rand(batch, n, generator=gen), backend="triton")
+    tokens32, parents32 = tokens.int().t().contiguous().t(), parents.int().t().contiguous().t()  # column-major int32
+    yield "tree_rejection_sample", "int32-strided-seeds", lambda: ops.tree_rejection_sample(
+        p, q, tokens32, parents32, seed=torch.arange(batch, dtype=torch.int32),
+        offsets=torch.zeros(batch, 2, dtype=torch.int32)[:, 0], backend="triton")
 
 
 def tree_attention_cases(ops, gen):
@@ -205,6 +215,16 @@ def tree_attention_cases(ops, gen):
                f"{'tree' if tree else 'chain'}")
         yield "tree_attention", tag, lambda: ops.tree_attention(q, cache, cache, lens, parents, block_table=table,
                                                                 backend="triton")
+    # int32 index tensors as views (column, interleaved): read at their strides and width
+    batch, prefix, n, d, page_size = 2, 1024, 16, 128, 16
+    q = rand(gen, batch, n, hq, d, dtype=torch.bfloat16)
+    cache, table = paged_from_contiguous(rand(gen, batch, hkv, prefix + n, d, dtype=torch.bfloat16), page_size,
+                                         generator=gen)
+    table = torch.stack([table, table], -1)[..., 0].to(torch.int32)
+    lens = torch.full((batch, 3), prefix, dtype=torch.int32)[:, 1]
+    parents = (torch.arange(n, dtype=torch.int32) - 1).expand(batch, n).t().contiguous().t()
+    yield "tree_attention", "int32-strided-indices-paged-tree-bfloat16", lambda: ops.tree_attention(
+        q, cache, cache, lens, parents, block_table=table, backend="triton")
 
 
 def kv_compact_cases(ops, gen):

@@ -28,6 +28,12 @@ def on_device(device: torch.device):
     return torch.cuda.device(device)
 
 
+def int64_index(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """An int32 or int64 index tensor as int64, for the kernels that read only int64 (a copy of a
+    few bytes a row, capture-safe, only when the caller passed int32)."""
+    return tensor if tensor is None or tensor.dtype == torch.int64 else tensor.to(torch.int64)
+
+
 def pointer(tensor: torch.Tensor | None) -> int:
     """Device address of a tensor, or 0 for an absent optional input."""
     return 0 if tensor is None else tensor.data_ptr()

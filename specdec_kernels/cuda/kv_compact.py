@@ -6,10 +6,11 @@ import torch
 
 from ..common.registry import register
 from ..common.kv_layout import cache_layout
-from ._launch import library, on_device, plan_limits, pointer, stream_handle
+from ._launch import int64_index, library, on_device, plan_limits, pointer, stream_handle
 
 
 def kv_compact(k_caches, v_caches, seq_lens, accepted_nodes):
+    accepted_nodes = int64_index(accepted_nodes)  # the kernel reads int64 entries (seq_lens: int32 or int64)
     lib = library()
     batch, m = accepted_nodes.shape
     device = seq_lens.device

@@ -11,7 +11,7 @@ import torch
 
 from ..common.registry import register
 from ..common.workspace import zeroed_workspace
-from ._launch import DTYPE_CODES, chain_outputs, library, on_device, plan_limits, pointer, stream_handle
+from ._launch import DTYPE_CODES, chain_outputs, int64_index, library, on_device, plan_limits, pointer, stream_handle
 
 
 def _contiguous(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -30,6 +30,8 @@ def randomness_args(uniforms, seed) -> tuple:
 def rejection_sample(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None, offsets=None,
                      num_draft_tokens=None):
     """CUDA `rejection_sample` on validated inputs (see specdec_kernels.ops.rejection_sample)."""
+    # the kernel reads int64 ids, counts and offsets (randomness_args converts the seeds)
+    draft_tokens, num_draft_tokens, offsets = map(int64_index, (draft_tokens, num_draft_tokens, offsets))
     lib = library()
     batch, g = draft_tokens.shape
     vocab = target_probs.shape[-1]
@@ -63,6 +65,8 @@ def rejection_sample_logits(target_logits, draft_logits, draft_tokens, *, temper
     Equal to the torch reference except where a decision lies within ~1e-6 (relative) of its
     boundary: the softmax sums are reduced in a different order (csrc/rejection_sample.cu).
     """
+    # the kernel reads int64 ids, counts and offsets (randomness_args converts the seeds)
+    draft_tokens, num_draft_tokens, offsets = map(int64_index, (draft_tokens, num_draft_tokens, offsets))
     lib = library()
     batch, g = draft_tokens.shape
     vocab = target_logits.shape[-1]

@@ -8,7 +8,10 @@ written to stay in bounds for any value instead.
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-INDEX_DTYPES = (torch.int64,)
+INDEX_DTYPES = (torch.int64,)  # token ids entering the engine and the HF models (embedding lookups)
+# Index tensors of the kernel ops (token ids, parents, counts, lengths, offsets, seeds, page ids):
+# every backend reads both widths at any strides, so callers never copy to change them.
+OP_INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 def fail(op: str, message: str, error=ValueError):
@@ -80,7 +83,7 @@ def real_number(op: str, name: str, value, *, minimum: float | None = None) -> f
 
 
 def randomness(op: str, uniforms, seed, offsets, *, shape: tuple, batch: int, device: torch.device):
-    """Exactly one of `uniforms` (a float tensor in [0, 1)) and `seed` (int or int64 [B])."""
+    """Exactly one of `uniforms` (a float tensor in [0, 1)) and `seed` (int or int64/int32 [B])."""
     if (uniforms is None) == (seed is None):
         fail(op, "pass exactly one of `uniforms` (caller-supplied randomness) and `seed`")
     if uniforms is not None:
@@ -91,16 +94,16 @@ def randomness(op: str, uniforms, seed, offsets, *, shape: tuple, batch: int, de
         if offsets is not None:
             fail(op, "`offsets` only applies to seeded mode (`seed=`)")
     elif isinstance(seed, torch.Tensor):
-        tensor(op, "seed", seed, shape=(batch,), dtypes=INDEX_DTYPES, device=device, last_dim_contiguous=False)
+        tensor(op, "seed", seed, shape=(batch,), dtypes=OP_INDEX_DTYPES, device=device, last_dim_contiguous=False)
     elif isinstance(seed, bool) or not isinstance(seed, int):
-        fail(op, f"`seed` must be an int or an int64 tensor [B] of per-request seeds (got {type(seed).__name__})", TypeError)
+        fail(op, f"`seed` must be an int or an int64/int32 tensor [B] of per-request seeds (got {type(seed).__name__})", TypeError)
     elif not -(2**63) <= seed < 2**63:
         fail(op, f"`seed` must fit in a signed 64-bit integer (got {seed})")
-    optional_tensor(op, "offsets", offsets, shape=(batch,), dtypes=INDEX_DTYPES, device=device, last_dim_contiguous=False)
+    optional_tensor(op, "offsets", offsets, shape=(batch,), dtypes=OP_INDEX_DTYPES, device=device, last_dim_contiguous=False)
 
 
 def num_draft_tokens(op: str, counts, *, batch: int, g: int, device: torch.device):
-    optional_tensor(op, "num_draft_tokens", counts, shape=(batch,), dtypes=INDEX_DTYPES, device=device,
+    optional_tensor(op, "num_draft_tokens", counts, shape=(batch,), dtypes=OP_INDEX_DTYPES, device=device,
                     last_dim_contiguous=False)
     if counts is not None and can_inspect(counts) and counts.numel() and (int(counts.min()) < 0 or int(counts.max()) > g):
         fail(op, f"`num_draft_tokens` must lie in [0, {g}] (got min {int(counts.min())}, max {int(counts.max())})")
@@ -119,7 +122,7 @@ def tree_parents(op: str, parents: torch.Tensor) -> None:
         fail(op, f"`parents[{b}, {i}]` = {int(parents[b, i])}: each node's parent must be an earlier node "
                  "(0 <= parent < node) or -1 for an unused slot")
     unused = (parents == -1) & (index > 0)
-    orphans = (parents >= 0) & unused.gather(1, parents.clamp(min=0))
+    orphans = (parents >= 0) & unused.gather(1, parents.clamp(min=0).long())  # gather takes int64 only
     if bool(orphans.any()):
         b, i = (int(v) for v in orphans.nonzero()[0])
         fail(op, f"`parents[{b}, {i}]` points at an unused slot")

@@ -11,7 +11,6 @@ from . import _validate as check
 from ..common.registry import implementation, register, resolve
 
 HALF_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-PAGE_ID_DTYPES = (torch.int32, torch.int64)
 
 
 @torch.library.custom_op("specdec::tree_attention", mutates_args=())
@@ -52,9 +51,9 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_lens: Tensor
         q: [B, N, Hq, D] float16/bfloat16/float32 queries (RoPE already applied).
         k_cache, v_cache: [B, Hkv, S_max, D] or [num_pages, page_size, Hkv, D], q's dtype;
             Hq must be a multiple of Hkv (GQA).
-        seq_lens: [B] int64/int32, prefix lengths.
-        parents: [B, N] int64 tree (see ops.tree_verify) or None for a chain.
-        block_table: [B, max_pages] int32/int64 page ids, or None for the contiguous layout.
+        seq_lens: [B] int64/int32 (any stride), prefix lengths.
+        parents: [B, N] int64/int32 (any strides) tree (see ops.tree_verify) or None for a chain.
+        block_table: [B, max_pages] int32/int64 (any strides) page ids, or None for the contiguous layout.
         sm_scale: softmax scale (default 1/sqrt(D)).
         backend: "auto" | "torch" | "triton" | "cuda".
 
@@ -80,7 +79,7 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_lens: Tensor
         check.fail(op, f"query heads Hq={hq} must be a multiple of KV heads Hkv={hkv}")
     if capacity < n:  # a shape check, so it also guards GPU calls
         check.fail(op, f"the cache holds {capacity_name} positions per row, fewer than the N={n} draft nodes")
-    check.tensor(op, "seq_lens", seq_lens, shape=(batch,), dtypes=(torch.int64, torch.int32), device=q.device,
+    check.tensor(op, "seq_lens", seq_lens, shape=(batch,), dtypes=check.OP_INDEX_DTYPES, device=q.device,
                  last_dim_contiguous=False)
     if check.can_inspect(seq_lens) and batch and (int(seq_lens.min()) < 0 or int(seq_lens.max()) + n > capacity):
         check.fail(op, f"need 0 <= seq_lens[b] and seq_lens[b] + N <= {capacity_name} (N={n}, "
@@ -88,7 +87,7 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_lens: Tensor
     if block_table is not None:
         _check_page_ids(op, block_table, seq_lens, n, num_pages=k_cache.shape[0], page_size=k_cache.shape[1])
     if parents is not None:
-        check.tensor(op, "parents", parents, shape=(batch, n), dtypes=check.INDEX_DTYPES, device=q.device,
+        check.tensor(op, "parents", parents, shape=(batch, n), dtypes=check.OP_INDEX_DTYPES, device=q.device,
                      last_dim_contiguous=False)
         check.tree_parents(op, parents)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else check.real_number(op, "sm_scale", sm_scale)
@@ -106,7 +105,7 @@ def _check_paged(op: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tab
     check.tensor(op, "v_cache", v_cache, shape=(num_pages, page_size, hkv, d), dtypes=(q.dtype,), device=q.device)
     if num_pages == 0 or page_size == 0:
         check.fail(op, f"a paged `k_cache` needs at least one page of at least one slot (got shape {list(k_cache.shape)})")
-    check.tensor(op, "block_table", block_table, shape=(batch, "max_pages"), dtypes=PAGE_ID_DTYPES, device=q.device,
+    check.tensor(op, "block_table", block_table, shape=(batch, "max_pages"), dtypes=check.OP_INDEX_DTYPES, device=q.device,
                  last_dim_contiguous=False)
     max_pages = block_table.shape[1]
     return max_pages * page_size, f"max_pages * page_size = {max_pages} * {page_size}", hkv

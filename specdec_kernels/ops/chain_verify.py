@@ -28,7 +28,7 @@ def _chain_fake(draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _check_chain(op: str, scores: Tensor, name: str, draft_tokens: Tensor, num_draft_tokens) -> tuple[int, int, int]:
-    check.tensor(op, "draft_tokens", draft_tokens, shape=("B", "g"), dtypes=check.INDEX_DTYPES, last_dim_contiguous=False)
+    check.tensor(op, "draft_tokens", draft_tokens, shape=("B", "g"), dtypes=check.OP_INDEX_DTYPES, last_dim_contiguous=False)
     batch, g = draft_tokens.shape
     check.tensor(op, name, scores, shape=(batch, g + 1, "V"), dtypes=check.FLOAT_DTYPES, device=draft_tokens.device)
     vocab = scores.shape[-1]
@@ -80,14 +80,14 @@ def rejection_sample(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Te
         target_probs: [B, g+1, V] float32/float16/bfloat16, the target's (standardised)
             distributions at each draft position plus the bonus position.
         draft_probs: [B, g, V], same dtype: the distributions the drafts were sampled from.
-        draft_tokens: [B, g] int64, ids in [0, V) (-1 or any invalid id is rejected).
+        draft_tokens: [B, g] int64/int32 (any strides), ids in [0, V) (-1 or any invalid id is rejected).
         uniforms: [B, g+1] float32/float64 in [0, 1): coins for drafts 0..g-1, then the
             final draw. Makes the result bit-identical across backends.
-        seed: int (rows keyed by batch index) or int64 [B] (one seed per request) instead
+        seed: int (rows keyed by batch index) or int64/int32 [B] (one seed per request) instead
             of `uniforms`; each draw is Philox(seed, offsets[b] + position, row, purpose).
-        offsets: [B] int64, absolute position of draft 0 in each sequence (seeded mode).
+        offsets: [B] int64/int32, absolute position of draft 0 in each sequence (seeded mode).
             Advance it every step or the same coins repeat.
-        num_draft_tokens: [B] int64 in [0, g]: ragged rows (row b uses drafts < n_b and
+        num_draft_tokens: [B] int64/int32 in [0, g]: ragged rows (row b uses drafts < n_b and
             its bonus comes from target_probs[b, n_b]).
         backend: "auto" | "torch" | "triton" | "cuda".
 
@@ -131,7 +131,7 @@ def rejection_sample_logits(target_logits: Tensor, draft_logits: Tensor, draft_t
     Args:
         target_logits: [B, g+1, V] float32/float16/bfloat16.
         draft_logits: [B, g, V], same dtype.
-        draft_tokens: [B, g] int64.
+        draft_tokens: [B, g] int64/int32.
         temperature: float > 0, or float32 [B] per-row temperatures (> 0).
         uniforms, seed, offsets, num_draft_tokens, backend: as in `rejection_sample`.
 
@@ -178,8 +178,8 @@ def greedy_verify(target_logits: Tensor, draft_tokens: Tensor, *, num_draft_toke
 
     Args:
         target_logits: [B, g+1, V] float32/float16/bfloat16 (probabilities work too).
-        draft_tokens: [B, g] int64.
-        num_draft_tokens: optional [B] int64 in [0, g] for ragged rows.
+        draft_tokens: [B, g] int64/int32.
+        num_draft_tokens: optional [B] int64/int32 in [0, g] for ragged rows.
         backend: "auto" | "torch" | "triton" | "cuda".
 
     Returns:
@@ -218,9 +218,9 @@ def relaxed_verify(target_logits: Tensor, draft_tokens: Tensor, *, top_beta: int
 
     Args:
         target_logits: [B, g+1, V] float32/float16/bfloat16 raw logits (temperature 1).
-        draft_tokens: [B, g] int64.
+        draft_tokens: [B, g] int64/int32.
         top_beta: int >= 1.  tau: float >= 0 (nats).
-        num_draft_tokens: optional [B] int64 in [0, g] for ragged rows.
+        num_draft_tokens: optional [B] int64/int32 in [0, g] for ragged rows.
 
     Returns:
         output_tokens [B, g+1] int64 padded with -1, num_accepted [B] int64.
@@ -258,9 +258,9 @@ def bild_verify(target_logits: Tensor, draft_tokens: Tensor, *, rollback_thresho
 
     Args:
         target_logits: [B, g+1, V] float32/float16/bfloat16 raw target logits.
-        draft_tokens: [B, g] int64, the small model's tokens.
+        draft_tokens: [B, g] int64/int32, the small model's tokens.
         rollback_threshold: float >= 0 (the paper's alpha_RB, in nats).
-        num_draft_tokens: optional [B] int64 in [0, g] for ragged rows.
+        num_draft_tokens: optional [B] int64/int32 in [0, g] for ragged rows.
 
     Returns:
         output_tokens [B, g+1] int64 padded with -1, num_accepted [B] int64.

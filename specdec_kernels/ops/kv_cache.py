@@ -7,7 +7,6 @@ from .. import reference
 from . import _validate as check
 from ..common.registry import implementation, register, resolve
 
-LENGTH_DTYPES = (torch.int64, torch.int32)
 
 
 @torch.library.custom_op("specdec::kv_rollback", mutates_args=())
@@ -28,14 +27,14 @@ def kv_rollback(seq_lens: Tensor, num_accepted: Tensor, *, backend: str = "auto"
 
     Args:
         seq_lens: [B] int64/int32, lengths before the verify pass.
-        num_accepted: [B] int64 from a verify op.
+        num_accepted: [B] int64/int32 from a verify op.
 
     Returns:
         [B] new lengths, seq_lens + num_accepted + 1, in seq_lens' dtype.
     """
     op = "kv_rollback"
-    check.tensor(op, "seq_lens", seq_lens, shape=("B",), dtypes=LENGTH_DTYPES, last_dim_contiguous=False)
-    check.tensor(op, "num_accepted", num_accepted, shape=(seq_lens.shape[0],), dtypes=check.INDEX_DTYPES,
+    check.tensor(op, "seq_lens", seq_lens, shape=("B",), dtypes=check.OP_INDEX_DTYPES, last_dim_contiguous=False)
+    check.tensor(op, "num_accepted", num_accepted, shape=(seq_lens.shape[0],), dtypes=check.OP_INDEX_DTYPES,
                  device=seq_lens.device, last_dim_contiguous=False)
     if check.can_inspect(num_accepted) and num_accepted.numel() and int(num_accepted.min()) < 0:
         check.fail(op, "`num_accepted` must be >= 0")
@@ -65,7 +64,7 @@ def kv_compact(k_caches: list[Tensor], v_caches: list[Tensor], seq_lens: Tensor,
             tensors, all of one dtype (float32/float16/bfloat16) and device, last dim
             contiguous, any other strides, no two sharing memory (modified in place).
         seq_lens: [B] int64/int32 lengths before the verify pass.
-        accepted_nodes: [B, M] int64, increasing node indices padded with -1 (as a tree
+        accepted_nodes: [B, M] int64/int32 (any strides), increasing node indices padded with -1 (as a tree
             verify op returns them: the root 0 first, then the accepted nodes).
 
     Returns:
@@ -85,9 +84,9 @@ def kv_compact(k_caches: list[Tensor], v_caches: list[Tensor], seq_lens: Tensor,
     op = "kv_compact"
     if not isinstance(k_caches, (list, tuple)) or not isinstance(v_caches, (list, tuple)) or len(k_caches) != len(v_caches):
         check.fail(op, "`k_caches` and `v_caches` must be lists of equal length (one tensor per layer)", TypeError)
-    check.tensor(op, "seq_lens", seq_lens, shape=("B",), dtypes=LENGTH_DTYPES, last_dim_contiguous=False)
+    check.tensor(op, "seq_lens", seq_lens, shape=("B",), dtypes=check.OP_INDEX_DTYPES, last_dim_contiguous=False)
     batch = seq_lens.shape[0]
-    check.tensor(op, "accepted_nodes", accepted_nodes, shape=(batch, "M"), dtypes=check.INDEX_DTYPES,
+    check.tensor(op, "accepted_nodes", accepted_nodes, shape=(batch, "M"), dtypes=check.OP_INDEX_DTYPES,
                  device=seq_lens.device, last_dim_contiguous=False)
     first = check.tensor(op, "k_caches[0]", k_caches[0], shape=(batch, "Hkv", "S_max", "D"),
                          dtypes=check.FLOAT_DTYPES, device=seq_lens.device) if k_caches else None

@@ -1,8 +1,8 @@
 """Verification of token trees: multi-draft speculative sampling and greedy.
 
-Tree format (see reference/tree.py): `parents [B, N]` int64, node 0 the root (the last
+Tree format (see reference/tree.py): `parents [B, N]` int64/int32, node 0 the root (the last
 accepted token, parent -1), node i > 0 with a parent in [0, i), or -1 for an unused slot;
-`tree_tokens [B, N]` int64 (the root's entry is ignored). Per-node scores are indexed by
+`tree_tokens [B, N]` int64/int32 (the root's entry is ignored). Per-node scores are indexed by
 node: `target_*[b, i]` is the target's prediction for the token after node i.
 
 Outputs: output_tokens [B, D+1] int64 padded with -1, num_accepted [B] int64, and
@@ -28,12 +28,12 @@ def _tree_fake(tree_tokens: Tensor, max_depth: int):
 
 
 def _check_tree(op: str, scores: Tensor, name: str, tree_tokens: Tensor, parents: Tensor, max_depth) -> tuple[int, int, int, int]:
-    check.tensor(op, "tree_tokens", tree_tokens, shape=("B", "N"), dtypes=check.INDEX_DTYPES, last_dim_contiguous=False)
+    check.tensor(op, "tree_tokens", tree_tokens, shape=("B", "N"), dtypes=check.OP_INDEX_DTYPES, last_dim_contiguous=False)
     batch, n = tree_tokens.shape
     if n == 0:
         check.fail(op, "`tree_tokens` needs at least the root node (N >= 1)")
     device = tree_tokens.device
-    check.tensor(op, "parents", parents, shape=(batch, n), dtypes=check.INDEX_DTYPES, device=device,
+    check.tensor(op, "parents", parents, shape=(batch, n), dtypes=check.OP_INDEX_DTYPES, device=device,
                  last_dim_contiguous=False)
     check.tensor(op, name, scores, shape=(batch, n, "V"), dtypes=check.FLOAT_DTYPES, device=device)
     check.tree_parents(op, parents)
@@ -64,7 +64,7 @@ def tree_greedy_verify(target_logits: Tensor, tree_tokens: Tensor, parents: Tens
 
     Args:
         target_logits: [B, N, V] float32/float16/bfloat16, the target's logits at each node.
-        tree_tokens: [B, N] int64.  parents: [B, N] int64.
+        tree_tokens: [B, N] int64/int32.  parents: [B, N] int64/int32 (any strides).
         max_depth: int >= 0, bounds the accepted path (default: the tree depth).
         backend: "auto" | "torch" | "triton" | "cuda".
 
@@ -111,10 +111,10 @@ def tree_rejection_sample(target_probs: Tensor, draft_probs: Tensor, tree_tokens
         target_probs: [B, N, V] float32/float16/bfloat16, the target distribution at each node.
         draft_probs: [B, N, V], same dtype: row c is the distribution node c was drawn from
             (row 0 unused).
-        tree_tokens: [B, N] int64.  parents: [B, N] int64.
+        tree_tokens: [B, N] int64/int32.  parents: [B, N] int64/int32 (any strides).
         uniforms: [B, N] float32/float64 in [0, 1): column c > 0 is node c's coin, column 0
             the final draw (bit-exact mode).
-        seed: int or int64 [B] instead of `uniforms`; offsets: [B] int64 absolute position
+        seed: int or int64/int32 [B] instead of `uniforms`; offsets: [B] int64/int32 absolute position
             of the root's successor, to advance every step.
         max_depth: int >= 0 (default: the tree depth).
 

@@ -15,6 +15,12 @@ import torch
 WEIGHT_SCALE = 2.0**40
 
 
+def as_int64(x: torch.Tensor | None) -> torch.Tensor | None:
+    """An index tensor (int64 or int32, any strides) as int64: gather, indexing and the int64
+    outputs need it, and the other backends read both widths natively."""
+    return None if x is None else x.to(torch.int64)
+
+
 def nan_to_neg_inf(x: torch.Tensor) -> torch.Tensor:
     """float32 copy of x with NaN replaced by -inf (NaN never wins an argmax)."""
     x = x.float()

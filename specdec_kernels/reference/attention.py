@@ -59,7 +59,7 @@ def tree_attention(q, k_cache, v_cache, seq_lens, parents=None, block_table=None
     if parents is None:
         tree = torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device)).expand(batch, n, n)
     else:
-        tree = ancestor_mask(parents)
+        tree = ancestor_mask(parents.to(torch.int64))  # int32 or int64 parents
     lengths = seq_lens.to(device=q.device, dtype=torch.int64)
     span = int(lengths.max()) + n if batch else n  # host read: the reference is not graph-capturable
     rows_per_group = max(1, _SCORE_ELEMENTS_PER_GROUP // max(1, hq * n * span))

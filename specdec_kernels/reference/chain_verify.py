@@ -11,7 +11,7 @@ the first rejection or, when every draft passed, the bonus token.
 import torch
 
 from . import rng
-from ._sampling import gather_token_values, nan_to_neg_inf, safe_argmax, sample_with_fallback, to_weights
+from ._sampling import as_int64, gather_token_values, nan_to_neg_inf, safe_argmax, sample_with_fallback, to_weights
 
 
 def draft_mask(draft_tokens: torch.Tensor, num_draft_tokens: torch.Tensor | None) -> torch.Tensor:
@@ -58,6 +58,7 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, *, uniforms=None, 
     Randomness: uniforms [B, g+1] (coins for drafts 0..g-1, then the final draw), or the
     counter-based draws (seed, offsets[b] + position, row key) of `rng`.
     """
+    draft_tokens, num_draft_tokens = as_int64(draft_tokens), as_int64(num_draft_tokens)
     batch, g = draft_tokens.shape
     device = draft_tokens.device
     exists = draft_mask(draft_tokens, num_draft_tokens)
@@ -93,6 +94,7 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, *, uniforms=None, 
 
 def greedy_verify(target_logits, draft_tokens, *, num_draft_tokens=None):
     """Accept while the draft equals the target argmax; emit the argmax at the first mismatch."""
+    draft_tokens, num_draft_tokens = as_int64(draft_tokens), as_int64(num_draft_tokens)
     top1 = safe_argmax(target_logits)  # [B, g+1]
     g = draft_tokens.shape[1]
     accept = (draft_tokens == top1[:, :g]) & draft_mask(draft_tokens, num_draft_tokens)
@@ -101,6 +103,7 @@ def greedy_verify(target_logits, draft_tokens, *, num_draft_tokens=None):
 
 def relaxed_verify(target_logits, draft_tokens, *, top_beta: int, tau: float, num_draft_tokens=None):
     """SpecDec Eq. 8 and 9 with argmax tie-breaking (so beta=1 or tau=0 equals greedy_verify)."""
+    draft_tokens, num_draft_tokens = as_int64(draft_tokens), as_int64(num_draft_tokens)
     logits = nan_to_neg_inf(target_logits)
     g = draft_tokens.shape[1]
     top1 = torch.argmax(logits, dim=-1)
@@ -118,6 +121,7 @@ def relaxed_verify(target_logits, draft_tokens, *, top_beta: int, tau: float, nu
 
 def bild_verify(target_logits, draft_tokens, *, rollback_threshold: float, num_draft_tokens=None):
     """BiLD rollback: reject the first draft with -log p_target(draft) > threshold."""
+    draft_tokens, num_draft_tokens = as_int64(draft_tokens), as_int64(num_draft_tokens)
     logits = nan_to_neg_inf(target_logits)
     g = draft_tokens.shape[1]
     top1 = torch.argmax(logits, dim=-1)

@@ -15,6 +15,7 @@ def kv_compact(k_caches, v_caches, seq_lens, accepted_nodes):
 
     accepted_nodes [B, M] lists the path (root first, increasing indices), padded with -1.
     """
+    accepted_nodes = accepted_nodes.to(torch.int64)  # int32 or int64: indexing below wants int64
     batch, m = accepted_nodes.shape
     valid = accepted_nodes >= 0
     lengths = seq_lens.to(torch.int64).unsqueeze(1)

@@ -10,7 +10,7 @@ with one emitted token that is not a node of the tree.
 import torch
 
 from . import rng
-from ._sampling import gather_token_values, safe_argmax, sample_with_fallback, to_weights
+from ._sampling import as_int64, gather_token_values, safe_argmax, sample_with_fallback, to_weights
 from .chain_verify import seed_and_row_key
 from .tree import children_table
 
@@ -50,6 +50,7 @@ class _Walk:
 def tree_greedy_verify(target_logits, tree_tokens, parents, *, max_depth: int):
     """Follow the first child (index order) whose token equals the target argmax at the
     current node; emit the argmax where no child matches or at depth max_depth."""
+    tree_tokens, parents = as_int64(tree_tokens), as_int64(parents)
     top1 = safe_argmax(target_logits)  # [B, N]
     children = children_table(parents)  # [B, N, N-1]
     walk = _Walk(tree_tokens, max_depth)
@@ -87,6 +88,7 @@ def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, ma
     rank) and the final draw at (seed, offsets[b] + depth of the last node, row, FINAL), so
     a chain-shaped tree reproduces `rejection_sample` in both modes.
     """
+    tree_tokens, parents = as_int64(tree_tokens), as_int64(parents)
     batch = tree_tokens.shape[0]
     device = tree_tokens.device
     children = children_table(parents)

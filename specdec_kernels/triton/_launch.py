@@ -9,6 +9,20 @@ from ..common.outputs import chain_outputs, tree_outputs  # noqa: F401  (re-expo
 from ._philox import INT_SEED, ROW_SEEDS, UNIFORMS
 
 
+# CUDA's grid limits: x up to 2^31 - 1 programs, y and z up to 65535. The launchers put the
+# dimensions that grow with the batch in x (folding several into it where needed) and register
+# `limits` for the shapes that still do not fit, so `auto` runs those on another backend.
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65535
+
+
+def grid_x_refusal(programs: int, what: str) -> str | None:
+    """The registry's refusal when `programs` (described by `what`) do not fit grid x, else None."""
+    if programs > MAX_GRID_X:
+        return f"{what} = {programs} programs, past CUDA's grid limit of {MAX_GRID_X}"
+    return None
+
+
 INTERPRETER_SMS = 4  # a stand-in SM count on the CPU, small enough that tests see several splits
 
 

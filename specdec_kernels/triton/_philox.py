@@ -19,7 +19,7 @@ SALT_FINAL: tl.constexpr = tl.constexpr(1)  # rng.SALT_FINAL
 # randomness modes of the sampling kernels (constexpr `RANDOM` argument)
 UNIFORMS: tl.constexpr = tl.constexpr(0)  # caller-supplied uniforms
 INT_SEED: tl.constexpr = tl.constexpr(1)  # one int seed, rows keyed by batch index
-ROW_SEEDS: tl.constexpr = tl.constexpr(2)  # int64 [B] per-request seeds, row key 0
+ROW_SEEDS: tl.constexpr = tl.constexpr(2)  # int64 or int32 [B] per-request seeds (read as int64), row key 0
 
 
 @triton.jit

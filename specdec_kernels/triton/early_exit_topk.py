@@ -3,7 +3,7 @@
 The work is a skinny GEMM over the [V, H] LM-head weight, memory-bound at B <= 64: the
 kernel reads the weight once for all rows.
 
-1. `_split_topk_kernel`, grid (num_splits, cdiv(B, BLOCK_B)). Program s streams a
+1. `_split_topk_kernel`, grid (cdiv(B, BLOCK_B), num_splits). Program s streams a
    contiguous slice of whole BLOCK_V vocabulary tiles for BLOCK_B rows at once. Its
    prologue computes each row's norm statistics (mean for layer norm, rstd) from the
    hidden states (H is small: recomputing them per program costs less than a launch);
@@ -111,8 +111,8 @@ def _split_topk_kernel(h_ptr, nw_ptr, nb_ptr, w_ptr, cand_ptr, batch, hidden, vo
                        NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, K: tl.constexpr,
                        K_PAD: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
                        DOT_MODE: tl.constexpr):
-    split = tl.program_id(0)
-    rows = tl.program_id(1).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
+    split = tl.program_id(1)  # the few splits in y (<= 65535); the B blocks, which grow with B, in x
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = rows < batch
     h_lanes = tl.arange(0, BLOCK_H)
 
@@ -244,7 +244,7 @@ def plan(hidden, norm_weight, lm_head_weight, k: int, *, eps: float, norm: str, 
     split_meta = dict(NORM=NORM_CODES[norm], HAS_W=norm_weight is not None, HAS_B=norm_bias is not None, K=k,
                       K_PAD=k_pad, DOT_MODE=dot_mode, **cfg)
     merge_meta = dict(K=k, BLOCK_C=max(16, triton.next_power_of_2(splits * k)))
-    launches = [(_split_topk_kernel, (splits, b_blocks), split_args, split_meta),
+    launches = [(_split_topk_kernel, (b_blocks, splits), split_args, split_meta),
                 (_merge_kernel, (batch,), (cand, values, indices, splits * k), merge_meta)]
     return values, indices, launches
 

@@ -167,4 +167,11 @@ def kv_compact(k_caches, v_caches, seq_lens, accepted_nodes):
     return new_lens
 
 
-register("kv_compact", "triton", kv_compact)
+def launch_limits(sizes: dict) -> str | None:
+    """The registry's `limits`: grid y holds the 2 * L cache tensors (x, B * column blocks, fits)."""
+    if 2 * sizes["L"] > _launch.MAX_GRID_YZ:
+        return f"2 * L = {2 * sizes['L']} cache tensors, past CUDA's grid-y limit of {_launch.MAX_GRID_YZ}"
+    return None
+
+
+register("kv_compact", "triton", kv_compact, limits=launch_limits)

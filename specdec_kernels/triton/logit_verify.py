@@ -39,6 +39,7 @@ import triton.language as tl
 
 from ..common.workspace import zeroed_counters
 from ..common.registry import register
+from . import _launch
 from ._launch import chain_outputs, device_scope
 from ._tickets import last_ticket, reset_ticket
 
@@ -315,7 +316,16 @@ def max_prob(logits):
     return _launch_max_prob(logits)
 
 
-register("greedy_verify", "triton", greedy_verify)
-register("relaxed_verify", "triton", relaxed_verify)
-register("bild_verify", "triton", bild_verify)
-register("max_prob", "triton", max_prob)
+def chain_limits(sizes: dict) -> str | None:
+    """The registry's `limits`: grid x holds one program per scored row, B * (g + 1)."""
+    return _launch.grid_x_refusal(sizes["B"] * (sizes["G"] + 1), "B * (g + 1)")
+
+
+def max_prob_limits(sizes: dict) -> str | None:
+    return _launch.grid_x_refusal(sizes["R"], "rows")
+
+
+register("greedy_verify", "triton", greedy_verify, limits=chain_limits)
+register("relaxed_verify", "triton", relaxed_verify, limits=chain_limits)
+register("bild_verify", "triton", bild_verify, limits=chain_limits)
+register("max_prob", "triton", max_prob, limits=max_prob_limits)

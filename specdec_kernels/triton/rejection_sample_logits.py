@@ -48,7 +48,7 @@ import triton.language as tl
 from ..common.workspace import zeroed_counters
 from ..common.registry import register
 from ._fixed_point import count_at_or_below, draw_threshold, to_weights
-from ._launch import chain_outputs, device_scope, randomness_mode
+from ._launch import chain_outputs, device_scope, grid_x_refusal, randomness_mode
 from ._philox import SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform, row_stream
 from ._tickets import last_ticket, reset_ticket
 from .logit_verify import _load_partials, _split_plan
@@ -315,4 +315,9 @@ def rejection_sample_logits(target_logits, draft_logits, draft_tokens, *, temper
                    offsets=offsets, num_draft_tokens=num_draft_tokens)
 
 
-register("rejection_sample_logits", "triton", rejection_sample_logits)
+def launch_limits(sizes: dict) -> str | None:
+    """The registry's `limits`: grid x holds a program per target and per draft row, B * (2g + 1)."""
+    return grid_x_refusal(sizes["B"] * (2 * sizes["G"] + 1), "B * (2g + 1)")
+
+
+register("rejection_sample_logits", "triton", rejection_sample_logits, limits=launch_limits)

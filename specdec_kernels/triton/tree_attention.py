@@ -4,7 +4,10 @@ The problem is decode-shaped: N draft nodes per row (8..64) against a long prefi
 cost is reading the KV cache, and the kernel reads every KV tile once per KV head for all
 N nodes and all Hq/Hkv query heads that share it.
 
-1. `_split_kernel`, grid (m_blocks, num_splits, B * Hkv). The M dimension of `tl.dot`
+1. `_split_kernel`, grid (B * Hkv * m_blocks, num_splits): (row b, KV head, M block) folded
+   into grid x, M block fastest (programs of one KV head run side by side and share its
+   tiles in L2), because grid y and z stop at 65535 and B * Hkv alone passes that at large
+   batches. The M dimension of `tl.dot`
    packs (node, query head of this KV head) pairs: row r is node r // group, head
    kvh * group + r % group, BLOCK_M rows per program (m_blocks > 1 only when N * group
    exceeds BLOCK_M). The row's prefix [0, seq_lens[b]) is cut into num_splits chunks of
@@ -20,8 +23,10 @@ N nodes and all Hq/Hkv query heads that share it.
    base 2 with fp32 statistics and accumulator.
 2. With one split the program normalises and writes out / lse itself (one launch). With
    more, each writes its unnormalised (acc, max, sum) to a workspace sized by the static
-   shapes and `_merge_kernel`, grid (cdiv(N * group, BLOCK_R), B * Hkv), merges the
+   shapes and `_merge_kernel`, grid (B * Hkv * cdiv(N * group, BLOCK_R),), merges the
    splits with their log-sum-exp weights.
+3. Index tensors (seq_lens, parents, block_table) are read at their own strides and in their
+   own width (int32 or int64), so views and int32 tables work without a copy.
 
 The split count depends on static shapes only (B, Hkv, N * group, the per-row capacity
 S_max or max_pages * page_size, and the SM count), so a call is CUDA-graph capturable:
@@ -60,7 +65,7 @@ MERGE_BLOCK_R = 16  # rows per program of the merge kernel
 
 
 @triton.jit
-def _kv_offsets(start, keys, b, table_ptr, stride_tb, num_pages, stride_outer, stride_pos,
+def _kv_offsets(start, keys, b, table_ptr, stride_tb, stride_tp, num_pages, stride_outer, stride_pos,
                 PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr):
     """Element offsets of cache positions start + keys (int64) of row b, KV head 0.
 
@@ -73,22 +78,23 @@ def _kv_offsets(start, keys, b, table_ptr, stride_tb, num_pages, stride_outer, s
         return b * stride_outer + (start + keys) * stride_pos
     else:
         if ONE_PAGE:
-            page = tl.load(table_ptr + b * stride_tb + start // PAGE_SIZE)
+            page = tl.load(table_ptr + b * stride_tb + (start // PAGE_SIZE) * stride_tp)
             slot = start % PAGE_SIZE + keys
         else:
             pos = start + keys
-            page = tl.load(table_ptr + b * stride_tb + pos // PAGE_SIZE)
+            page = tl.load(table_ptr + b * stride_tb + (pos // PAGE_SIZE) * stride_tp)
             slot = pos % PAGE_SIZE
         page = tl.minimum(tl.maximum(page.to(tl.int64), 0), num_pages - 1)
         return page * stride_outer + slot * stride_pos
 
 
 @triton.jit
-def _load_tile(head_ptr, start, keys, key_ok, d_ok, b, table_ptr, stride_tb, num_pages, stride_outer, stride_pos,
-               PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+def _load_tile(head_ptr, start, keys, key_ok, d_ok, b, table_ptr, stride_tb, stride_tp, num_pages, stride_outer,
+               stride_pos, PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
     """[len(keys), BLOCK_D] of one cache (K or V) at positions start + keys; with MASKED the
     lanes outside key_ok (whose keys the caller keeps on a real position) load zeros."""
-    off = _kv_offsets(start, keys, b, table_ptr, stride_tb, num_pages, stride_outer, stride_pos, PAGE_SIZE, ONE_PAGE)
+    off = _kv_offsets(start, keys, b, table_ptr, stride_tb, stride_tp, num_pages, stride_outer, stride_pos, PAGE_SIZE,
+                      ONE_PAGE)
     if MASKED:
         return tl.load(head_ptr + off[:, None], mask=key_ok[:, None] & d_ok[None, :], other=0.0)
     elif EVEN_D:
@@ -124,10 +130,11 @@ def _attend_tile(q, k, v, m_i, l_i, acc, qk_scale, visible, MASKED: tl.constexpr
 
 
 @triton.jit
-def _tree_visibility(parents_ptr, b, stride_pb, n_nodes, node, BLOCK_T: tl.constexpr, DOUBLINGS: tl.constexpr):
+def _tree_visibility(parents_ptr, b, stride_pb, stride_pn, n_nodes, node, BLOCK_T: tl.constexpr,
+                     DOUBLINGS: tl.constexpr):
     """bool [BLOCK_M, BLOCK_T]: tail key j is node[r] itself or one of its ancestors."""
     i = tl.arange(0, BLOCK_T)
-    par = tl.load(parents_ptr + b * stride_pb + i, mask=(i > 0) & (i < n_nodes), other=-1)
+    par = tl.load(parents_ptr + b * stride_pb + i * stride_pn, mask=(i > 0) & (i < n_nodes), other=-1).to(tl.int32)
     par = tl.where((par >= 0) & (par < i), par, -1)  # topological order; anything else has no parent
     closure = ((i[None, :] == i[:, None]) | (i[None, :] == par[:, None])).to(tl.float16)
     for _ in tl.static_range(DOUBLINGS):  # after k squarings: every ancestor up to 2^k levels up
@@ -141,16 +148,18 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, seq_lens_ptr, parents_ptr, table_ptr, out
                   part_o_ptr, part_ml_ptr,
                   n_nodes, group, num_kv_heads, capacity, num_pages, num_splits, qk_scale,
                   stride_qb, stride_qn, stride_qh, stride_ko, stride_kh, stride_kp, stride_vo, stride_vh, stride_vp,
-                  stride_pb, stride_tb, stride_ob, stride_on, stride_oh, stride_lb, stride_ln, stride_lh,
+                  stride_sl, stride_pb, stride_pn, stride_tb, stride_tp,
+                  stride_ob, stride_on, stride_oh, stride_lb, stride_ln, stride_lh,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_T: tl.constexpr, DOUBLINGS: tl.constexpr, PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr,
                   TREE: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    pid_m = tl.program_id(0)
+    m_rows = n_nodes * group
+    m_blocks = tl.cdiv(m_rows, BLOCK_M)
+    pid_m = tl.program_id(0) % m_blocks
+    bh = tl.program_id(0) // m_blocks
     split = tl.program_id(1)
-    bh = tl.program_id(2)
     b = (bh // num_kv_heads).to(tl.int64)
     kvh = (bh % num_kv_heads).to(tl.int64)
-    m_rows = n_nodes * group
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < m_rows
     node = rows // group
@@ -160,7 +169,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, seq_lens_ptr, parents_ptr, table_ptr, out
     q = tl.load(q_ptr + b * stride_qb + node[:, None].to(tl.int64) * stride_qn + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
-    prefix = tl.load(seq_lens_ptr + b).to(tl.int64)
+    prefix = tl.load(seq_lens_ptr + b * stride_sl).to(tl.int64)
     prefix = tl.maximum(tl.minimum(prefix, capacity - n_nodes), 0)
     k_head = k_ptr + kvh * stride_kh + d[None, :]
     v_head = v_ptr + kvh * stride_vh + d[None, :]
@@ -176,29 +185,29 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, seq_lens_ptr, parents_ptr, table_ptr, out
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     for start in range(lo, full_end, BLOCK_N):  # the hot loop: no masks on the prefix
-        k = _load_tile(k_head, start, keys, None, d_ok, b, table_ptr, stride_tb, num_pages, stride_ko, stride_kp,
-                       PAGE_SIZE, ONE_PAGE, False, HEAD_DIM == BLOCK_D)
-        v = _load_tile(v_head, start, keys, None, d_ok, b, table_ptr, stride_tb, num_pages, stride_vo, stride_vp,
-                       PAGE_SIZE, ONE_PAGE, False, HEAD_DIM == BLOCK_D)
+        k = _load_tile(k_head, start, keys, None, d_ok, b, table_ptr, stride_tb, stride_tp, num_pages,
+                       stride_ko, stride_kp, PAGE_SIZE, ONE_PAGE, False, HEAD_DIM == BLOCK_D)
+        v = _load_tile(v_head, start, keys, None, d_ok, b, table_ptr, stride_tb, stride_tp, num_pages,
+                       stride_vo, stride_vp, PAGE_SIZE, ONE_PAGE, False, HEAD_DIM == BLOCK_D)
         m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, qk_scale, None, False, DOT_PRECISION, UPCAST)
     if full_end < hi:  # the row's last, partial prefix tile
         ok = full_end + keys < hi
         in_row = tl.where(ok, keys, 0)
-        k = _load_tile(k_head, full_end, in_row, ok, d_ok, b, table_ptr, stride_tb, num_pages, stride_ko, stride_kp,
-                       PAGE_SIZE, False, True, False)
-        v = _load_tile(v_head, full_end, in_row, ok, d_ok, b, table_ptr, stride_tb, num_pages, stride_vo, stride_vp,
-                       PAGE_SIZE, False, True, False)
+        k = _load_tile(k_head, full_end, in_row, ok, d_ok, b, table_ptr, stride_tb, stride_tp, num_pages,
+                       stride_ko, stride_kp, PAGE_SIZE, False, True, False)
+        v = _load_tile(v_head, full_end, in_row, ok, d_ok, b, table_ptr, stride_tb, stride_tp, num_pages,
+                       stride_vo, stride_vp, PAGE_SIZE, False, True, False)
         m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, qk_scale, ok[None, :], True, DOT_PRECISION, UPCAST)
     if split == num_splits - 1:  # the N draft positions, under the tree mask
         t = tl.arange(0, BLOCK_T)
         t_ok = t < n_nodes
         in_tail = tl.where(t_ok, t, 0).to(tl.int64)
-        k = _load_tile(k_head, prefix, in_tail, t_ok, d_ok, b, table_ptr, stride_tb, num_pages, stride_ko, stride_kp,
-                       PAGE_SIZE, False, True, False)
-        v = _load_tile(v_head, prefix, in_tail, t_ok, d_ok, b, table_ptr, stride_tb, num_pages, stride_vo, stride_vp,
-                       PAGE_SIZE, False, True, False)
+        k = _load_tile(k_head, prefix, in_tail, t_ok, d_ok, b, table_ptr, stride_tb, stride_tp, num_pages,
+                       stride_ko, stride_kp, PAGE_SIZE, False, True, False)
+        v = _load_tile(v_head, prefix, in_tail, t_ok, d_ok, b, table_ptr, stride_tb, stride_tp, num_pages,
+                       stride_vo, stride_vp, PAGE_SIZE, False, True, False)
         if TREE:
-            visible = _tree_visibility(parents_ptr, b, stride_pb, n_nodes, node, BLOCK_T, DOUBLINGS)
+            visible = _tree_visibility(parents_ptr, b, stride_pb, stride_pn, n_nodes, node, BLOCK_T, DOUBLINGS)
         else:
             visible = t[None, :] <= node[:, None]
         visible = visible & t_ok[None, :]
@@ -224,11 +233,12 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, out_ptr, lse_ptr, n_nodes, group, num
                   stride_ob, stride_on, stride_oh, stride_lb, stride_ln, stride_lh,
                   HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     """Merge the splits' (acc, max, sum) of BLOCK_R rows of one (row b, KV head)."""
-    bh = tl.program_id(1)
+    m_rows = n_nodes * group
+    r_blocks = tl.cdiv(m_rows, BLOCK_R)
+    bh = tl.program_id(0) // r_blocks
     b = (bh // num_kv_heads).to(tl.int64)
     kvh = (bh % num_kv_heads).to(tl.int64)
-    m_rows = n_nodes * group
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows = (tl.program_id(0) % r_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < m_rows
     d = tl.arange(0, BLOCK_D)
     mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
@@ -321,13 +331,13 @@ def plan(q, k_cache, v_cache, seq_lens, parents, block_table, *, sm_scale: float
         outer = (k_cache.stride(0), v_cache.stride(0))  # page
         pos_strides = (k_cache.stride(1), v_cache.stride(1))  # slot in page
         head_strides = (k_cache.stride(2), v_cache.stride(2))
-        table, stride_tb = block_table, block_table.stride(0)
+        table, stride_tb, stride_tp = block_table, block_table.stride(0), block_table.stride(1)
     else:
         num_pages, page_size, capacity = 1, 0, k_cache.shape[2]
         outer = (k_cache.stride(0), v_cache.stride(0))  # row
         pos_strides = (k_cache.stride(2), v_cache.stride(2))
         head_strides = (k_cache.stride(1), v_cache.stride(1))
-        table, stride_tb = seq_lens, 0  # never read
+        table, stride_tb, stride_tp = seq_lens, 0, 0  # never read
     if num_splits is None:
         num_splits = num_splits_for(batch * hkv * m_blocks, capacity - n, cfg["BLOCK_N"], q.device)
     direct = num_splits == 1
@@ -341,18 +351,30 @@ def plan(q, k_cache, v_cache, seq_lens, parents, block_table, *, sm_scale: float
     split_args = (q, k_cache, v_cache, seq_lens, parents if tree else seq_lens, table, out, lse, part_o, part_ml,
                   n, group, hkv, capacity, num_pages, num_splits, sm_scale * LOG2E,
                   q.stride(0), q.stride(1), q.stride(2), outer[0], head_strides[0], pos_strides[0],
-                  outer[1], head_strides[1], pos_strides[1], parents.stride(0) if tree else 0, stride_tb, *out_strides)
+                  outer[1], head_strides[1], pos_strides[1], seq_lens.stride(0),
+                  parents.stride(0) if tree else 0, parents.stride(1) if tree else 0, stride_tb, stride_tp,
+                  *out_strides)
     split_meta = dict(HEAD_DIM=head_dim, BLOCK_T=max(16, triton.next_power_of_2(n)),
                       DOUBLINGS=math.ceil(math.log2(n - 1)) if n > 2 else 1, PAGE_SIZE=page_size,
                       ONE_PAGE=page_size > 0 and page_size % cfg["BLOCK_N"] == 0,  # a prefix tile never spans pages
                       TREE=tree, DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                       UPCAST=q.dtype == torch.bfloat16 and not _launch.plans_for_gpu(q.device), **cfg)
-    launches = [(_split_kernel, (m_blocks, num_splits, batch * hkv), split_args, split_meta)]
+    launches = [(_split_kernel, (batch * hkv * m_blocks, num_splits), split_args, split_meta)]
     if not direct:
-        launches.append((_merge_kernel, (triton.cdiv(m_rows, MERGE_BLOCK_R), batch * hkv),
+        launches.append((_merge_kernel, (batch * hkv * triton.cdiv(m_rows, MERGE_BLOCK_R),),
                          (part_o, part_ml, out, lse, n, group, hkv, num_splits, *out_strides),
                          dict(HEAD_DIM=head_dim, BLOCK_R=MERGE_BLOCK_R, BLOCK_D=cfg["BLOCK_D"])))
     return out, lse, launches
 
 
-register("tree_attention", "triton", tree_attention)
+def launch_limits(sizes: dict) -> str | None:
+    """Why the kernels cannot serve a call of these sizes (the registry's `limits`), or None.
+    Grid x holds B * Hkv * (M blocks), the merge's B * Hkv * cdiv(N * group, MERGE_BLOCK_R) >=
+    the split kernel's; grid y (num_splits) is at most MAX_SPLITS."""
+    batch, hkv, m_rows = sizes["B"], sizes["Hkv"], sizes["N"] * (sizes["Hq"] // max(sizes["Hkv"], 1))
+    block_m = _tile_config(m_rows, sizes["D"], sizes["dtype"])["BLOCK_M"]
+    return _launch.grid_x_refusal(batch * hkv * triton.cdiv(m_rows, min(block_m, MERGE_BLOCK_R)),
+                                  "B * Hkv * row blocks")
+
+
+register("tree_attention", "triton", tree_attention, limits=launch_limits)
