@@ -4,7 +4,7 @@
   demo      every strategy on one model pair, checked against greedy and timed (specdec_kernels/demo.py)
   generate  your prompts with one strategy: text and statistics (specdec_kernels/generate_command.py)
   bench     a benchmark script of a source checkout (specdec_kernels/bench_command.py)
-  selftest  every GPU kernel vs the torch reference on this GPU, and the engine vs greedy (specdec_kernels/selftest.py)
+  selftest  every GPU kernel vs the torch reference on this GPU, and the engine vs greedy (specdec_kernels/selftest/)
 """
 
 import argparse

@@ -14,6 +14,7 @@ import torch
 
 from specdec_kernels import cli, ops, reference, selftest
 from specdec_kernels.common import registry
+from specdec_kernels.selftest import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,7 +102,7 @@ def test_graph_cases_rebuild_to_the_same_shapes():
                 assert [t.shape for t in value] == [t.shape for t in other], (case.op, name)
             elif name != "rollback_threshold":  # bild's comparison excuses a replay's threshold-band rows
                 assert value == other, (case.op, name)
-        selftest._copy_into(first, second)
+        runner._copy_into(first, second)
         for name, value in first.items():
             if isinstance(value, torch.Tensor) and value.is_floating_point():
                 assert torch.equal(value.nan_to_num(), second[name].nan_to_num()), (case.op, name)
@@ -247,7 +248,7 @@ def test_a_lost_cuda_context_stops_the_remaining_checks(monkeypatch, capsys, tmp
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     _break(monkeypatch, "greedy_verify", fault)
-    monkeypatch.setattr(selftest, "_context_alive", lambda device: False)
+    monkeypatch.setattr(runner, "_context_alive", lambda device: False)
     path = tmp_path / "lost.json"
     status, out = _run_in_process(monkeypatch, capsys, "--ops", "greedy_verify,kv_rollback", "--json", str(path))
     assert status == 1 and "illegal memory access" in out.out and "poisoned the context" in out.out

@@ -1,0 +1,170 @@
+"""`specdec-kernels selftest`: every GPU kernel against the torch reference on this GPU.
+
+Runs every op of `specdec_kernels.ops` on every GPU backend this install has (cuda, triton)
+at small and production shapes (vocabularies up to 151936, batches up to 256, trees up to 64
+nodes, tree attention over 4096-token prefixes, contiguous and paged KV, head dims 64 and
+128, float32/float16/bfloat16), captures each op once in a CUDA graph and replays it on new
+inputs, and decodes with the embedded default models through every strategy, with and
+without CUDA graphs, asking for the target's own greedy tokens. Prints a pass/fail matrix
+(ops x backends) with the device, driver and versions, then every failure in detail.
+
+Each check compares a backend with `backend="torch"` (the reference) on the same inputs:
+token outputs bit for bit (sampling with caller-supplied uniforms or a seed); attention and
+probabilities within per-dtype tolerances; the two ops whose decisions depend on a
+logsumexp (bild_verify, rejection_sample_logits) exactly away from a 1e-4..1e-3 band
+around each decision boundary (the contract in the README's op table).
+
+Exit status: 0 when nothing failed (skips allowed), 1 when a check failed, 2 without a
+CUDA GPU (or on a usage error).
+
+    specdec-kernels selftest                   # everything
+    specdec-kernels selftest --quick --json selftest.json
+    specdec-kernels selftest --ops tree_attention,greedy_verify --backends triton
+
+`--device cpu` tests the selftest itself (CI): the same matrix at tiny shapes, the Triton
+kernels under TRITON_INTERPRET=1 (set by re-running the command), no CUDA graphs.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from .model import DTYPES, FAIL, PASS, SKIP, Plan, Result
+from .report import format_header, format_report, header, matrix
+from .runner import CASE_FAMILIES, execute, run_case
+
+# CASE_FAMILIES, DTYPES and run_case are not used here: tests/test_selftest.py builds and runs cases through them
+__all__ = ["CASE_FAMILIES", "DTYPES", "Plan", "Result", "add_arguments", "execute", "run", "run_case", "verdict",
+           "write_json"]
+
+GPU_BACKENDS = ("cuda", "triton")
+NO_GPU = ("specdec-kernels selftest: no CUDA GPU is visible (torch.cuda.is_available() is False); "
+          "selftest checks the GPU kernels and needs one.")
+EXIT_OK, EXIT_FAILED, EXIT_NO_GPU = 0, 1, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="FILE", help="also write the header, the matrix and every check as JSON")
+    parser.add_argument("--quick", action="store_true", help="small shapes only (skips the production shapes)")
+    parser.add_argument("--ops", metavar="NAME,...", help="only these ops (default: every registered op)")
+    parser.add_argument("--backends", metavar="NAME,...",
+                        help="only these backends (default: cuda,triton; an explicitly named backend that "
+                             "cannot run here is a failure, a default one a skip)")
+    parser.add_argument("--device", default="cuda",
+                        help="cuda or cuda:N (default cuda). `cpu` tests the selftest itself: tiny shapes, "
+                             "Triton under TRITON_INTERPRET=1, no CUDA graphs")
+    parser.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph capture checks")
+    parser.add_argument("--no-engine", action="store_true",
+                        help="skip the engine check (every strategy on the embedded default models vs greedy)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+
+
+def _split(text: str | None) -> list[str] | None:
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _argv(args) -> list[str]:
+    """The command line of `args` again (to re-run the CPU dev mode under the Triton interpreter)."""
+    argv = ["selftest", "--device", args.device, "--seed", str(args.seed)]
+    for flag, value in (("--json", args.json), ("--ops", args.ops), ("--backends", args.backends)):
+        if value is not None:
+            argv += [flag, value]
+    for flag, on in (("--quick", args.quick), ("--no-graphs", args.no_graphs), ("--no-engine", args.no_engine)):
+        if on:
+            argv.append(flag)
+    return argv
+
+
+def fail(message: str) -> int:
+    print(f"specdec-kernels selftest: {message}", file=sys.stderr)
+    return EXIT_NO_GPU
+
+
+def run(args) -> int:
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
+        return fail(f"--device {args.device}: use cuda, cuda:N, or cpu (which only tests the selftest itself)")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        return fail(f"--json {args.json}: no such folder")
+    from .. import ops
+
+    known = (*ops.registered_ops(), "engine")
+    wanted = _split(args.ops) or list(known)
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        return fail(f"--ops: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    backends = _split(args.backends) or list(GPU_BACKENDS)
+    bad = [b for b in backends if b not in GPU_BACKENDS]
+    if bad:
+        return fail(f"--backends: unknown {', '.join(bad)}; the GPU backends are {', '.join(GPU_BACKENDS)} "
+                    "(torch is the reference every check compares with)")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print(NO_GPU, file=sys.stderr)
+            return EXIT_NO_GPU
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            return fail(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        torch.cuda.set_device(device)
+    elif os.environ.get("TRITON_INTERPRET") != "1":
+        # The Triton kernels were decorated at import: only a fresh process can run them interpreted.
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        return subprocess.run([sys.executable, "-m", "specdec_kernels", *_argv(args)], env=env).returncode
+    if device.type == "cpu":
+        backends = [b for b in backends if b == "triton"]  # the cuda backend needs a GPU: nothing to run
+    plan = Plan(device=device, profile="tiny" if device.type == "cpu" else ("quick" if args.quick else "full"),
+                backends=tuple(backends), explicit_backends=args.backends is not None and device.type == "cuda",
+                ops=tuple(name for name in known if name in wanted), graphs=not args.no_graphs,
+                engine=not args.no_engine, seed=args.seed)
+    info = header(plan)
+    print(format_header(info), flush=True)
+    start = time.perf_counter()
+
+    def progress(op, done, op_seconds):
+        print(f"  {op}: {sum(r.status == PASS for r in done)} passed, {sum(r.status == FAIL for r in done)} failed, "
+              f"{sum(r.status == SKIP for r in done)} skipped ({op_seconds:.1f} s)", file=sys.stderr, flush=True)
+        for r in done:
+            if r.status == FAIL:
+                print(f"    FAIL [{r.backend}] {r.case} {r.dtype}: {r.message}", file=sys.stderr, flush=True)
+        if args.json:  # rewritten after every op, so a run cut off by a timeout keeps what it checked
+            write_json(args.json, info, plan.results, time.perf_counter() - start, finished=False)
+
+    try:
+        results = execute(plan, progress)
+    except KeyboardInterrupt:
+        results = plan.results
+        results.append(Result("selftest", "-", "interrupted", "-", FAIL, message="interrupted (Ctrl-C)"))
+    except Exception:  # noqa: BLE001 - a bug of the selftest itself: report it with what ran so far
+        results = plan.results
+        results.append(Result("selftest", "-", "internal error", "-", FAIL, message=traceback.format_exc(limit=3)))
+    seconds = time.perf_counter() - start
+    print()
+    print(format_report(results, seconds), flush=True)
+    if args.json:
+        write_json(args.json, info, results, seconds, finished=True)
+        print(f"wrote {args.json}")
+    return EXIT_OK if verdict(results) else EXIT_FAILED
+
+
+def verdict(results: list[Result]) -> bool:
+    """Passed: something ran and nothing failed (skips are listed, not failures)."""
+    return any(r.status == PASS for r in results) and not any(r.status == FAIL for r in results)
+
+
+def write_json(path: str, info: dict, results: list[Result], seconds: float, *, finished: bool) -> None:
+    summary = {"passed": sum(r.status == PASS for r in results), "failed": sum(r.status == FAIL for r in results),
+               "skipped": sum(r.status == SKIP for r in results), "seconds": round(seconds, 2),
+               "finished": finished, "ok": finished and verdict(results)}
+    Path(path).write_text(json.dumps({"header": info, "summary": summary, "matrix": matrix(results),
+                                      "checks": [asdict(r) for r in results]}, indent=1))

@@ -1,0 +1,180 @@
+"""How a backend's answer is judged against the reference's: exact and within tolerance, and the
+op-specific comparisons that excuse only decisions a float rounding may flip (bild_verify,
+rejection_sample_logits, early_exit_topk)."""
+
+import math
+
+import torch
+
+
+def _short(x: torch.Tensor, limit: int = 12) -> str:
+    values = x.flatten().tolist()
+    text = ", ".join(str(v) for v in values[:limit])
+    return f"[{text}{', ...' if len(values) > limit else ''}]"
+
+
+def exact(names: tuple[str, ...]):
+    """Outputs must be equal bit for bit; the problem names the first differing rows."""
+    def compare(got, want, inputs):
+        for name, g, w in zip(names, got, want):
+            if g.shape != w.shape or g.dtype != w.dtype:
+                return None, f"{name}: got {g.dtype} {list(g.shape)}, want {w.dtype} {list(w.shape)}"
+            differ = g != w
+            if g.is_floating_point():
+                differ &= ~(torch.isnan(g) & torch.isnan(w))
+            count = int(differ.sum())
+            if count:
+                rows = differ.reshape(differ.shape[0], -1).any(1).nonzero().flatten()[:3].tolist() if g.dim() else []
+                detail = "; ".join(f"row {r}: got {_short(g[r])} want {_short(w[r])}" for r in rows)
+                return float(count), f"{name}: {count} entries differ ({detail})"
+        return 0.0, None
+    return compare
+
+
+def close(names: tuple[str, ...], tolerances: tuple[tuple[float, float], ...]):
+    """Float outputs within (atol, rtol) each; NaN must meet NaN."""
+    def compare(got, want, inputs):
+        worst = 0.0
+        for name, g, w, (atol, rtol) in zip(names, got, want, tolerances):
+            if g.shape != w.shape or g.dtype != w.dtype:
+                return None, f"{name}: got {g.dtype} {list(g.shape)}, want {w.dtype} {list(w.shape)}"
+            g, w = g.double(), w.double()
+            both_nan = torch.isnan(g) & torch.isnan(w)
+            same_inf = torch.isinf(g) & (g == w)
+            diff = torch.where(both_nan | same_inf, torch.zeros_like(g), (g - w).abs())
+            diff = torch.nan_to_num(diff, nan=math.inf)
+            error = float(diff.max()) if diff.numel() else 0.0
+            worst = max(worst, error)
+            bad = diff > atol + rtol * w.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+            if bool(bad.any()):
+                at = tuple(bad.nonzero()[0].tolist())
+                return worst, (f"{name}: {int(bad.sum())} of {bad.numel()} values off by more than atol {atol:g} + "
+                               f"rtol {rtol:g} (max {error:.3g}; first at {list(at)}: got {float(g[at]):.6g}, "
+                               f"want {float(w[at]):.6g})")
+        return worst, None
+    return compare
+
+
+def _draft_nll_band(logits, drafts, margin):
+    from ..reference._sampling import gather_token_values, nan_to_neg_inf
+
+    body = nan_to_neg_inf(logits[:, :drafts.shape[1]])
+    value, in_range = gather_token_values(body, drafts)
+    lse = torch.logsumexp(body, dim=-1)
+    nll = lse - value
+    keep = in_range & torch.isfinite(nll)
+    return nll[keep], margin + 8 * torch.finfo(torch.float32).eps * lse[keep].abs()
+
+
+def bild_threshold(logits, drafts, start, margin=1e-3):
+    """A rollback threshold at least `margin` (nats) from every draft's NLL: the backends sum
+    the logsumexp in another order, so a threshold inside that band may go either way."""
+    nll, band = _draft_nll_band(logits, drafts, margin)
+    t = start
+    while nll.numel() and bool(((nll - t).abs() < band).any()):
+        t += 2.5 * margin
+    return t
+
+
+def compare_bild(got, want, inputs):
+    """Equal rows, except rows with a draft NLL within the logsumexp rounding band of the
+    threshold (none at the thresholds the cases pick; a graph replay reuses the captured
+    threshold on new logits, where one may land in the band)."""
+    error, problem = exact(("output_tokens", "num_accepted"))(got, want, inputs)
+    if problem is None or got[0].shape != want[0].shape:
+        return error, problem
+    logits, drafts, threshold = inputs["target_logits"], inputs["draft_tokens"], inputs["rollback_threshold"]
+    rows = ((got[0] != want[0]).any(1) | (got[1] != want[1])).nonzero().flatten().tolist()
+    for b in rows:
+        nll, band = _draft_nll_band(logits[b:b + 1], drafts[b:b + 1], 1e-3)
+        if not bool(((nll - threshold).abs() < band).any()):
+            return float(len(rows)), f"row {b} differs with every draft NLL clear of the threshold: {problem}"
+    return float(len(rows)), None
+
+
+def _logits_boundary_explains(b, inputs, got, want, margin=1e-4):
+    """True when row b's difference comes from a decision within `margin` of its boundary,
+    recomputed in float64 (rejection_sample_logits reduces its softmax in another order)."""
+    t_logits, d_logits, drafts, u = inputs["target_logits"], inputs["draft_logits"], inputs["draft_tokens"], \
+        inputs["uniforms"].double()
+    temperature, counts = inputs["temperature"], inputs.get("num_draft_tokens")
+    g = drafts.shape[1]
+    p = torch.softmax(t_logits[b].double() / temperature, -1)
+    q = torch.softmax(d_logits[b].double() / temperature, -1)
+    n = g if counts is None else int(counts[b].clamp(0, g))
+    a_got, a_want = int(got[1][b]), int(want[1][b])
+    vocab = p.shape[-1]
+    if a_got != a_want:
+        j = min(a_got, a_want)
+        tok = int(drafts[b, j])
+        if not 0 <= tok < vocab:
+            return False
+        lhs, rhs = float(u[b, j]) * float(q[j, tok]), float(p[j, tok])
+        return abs(lhs - rhs) <= margin * max(abs(rhs), abs(lhs), 1e-30)
+    residual = (p[a_got] - q[a_got]).clamp(min=0) if a_got < n else p[a_got]
+    if float(residual.sum()) < margin:
+        return True  # a nearly empty residual: the fallback decision itself is marginal
+    cdf = residual.cumsum(0)
+    lo = min(int(got[0][b, a_got]), int(want[0][b, a_got]))
+    return abs(float(cdf[lo]) - float(u[b, g]) * float(cdf[-1])) <= margin * float(cdf[-1])
+
+
+def compare_logits_sampling(got, want, inputs):
+    """Equal rows, except at most max(1, 2%) rows that a near-boundary decision explains."""
+    problem = exact(("output_tokens", "num_accepted"))(got[:2], want[:2], inputs)[1]
+    if problem is None:
+        return 0.0, None
+    if got[0].shape != want[0].shape:
+        return None, problem
+    rows = ((got[0] != want[0]).any(1) | (got[1] != want[1])).nonzero().flatten().tolist()
+    if len(rows) > max(1, 0.02 * got[0].shape[0]):
+        return float(len(rows)), f"{len(rows)} rows differ (more than 2%): {problem}"
+    unexplained = [b for b in rows if not _logits_boundary_explains(b, inputs, got, want)]
+    if unexplained:
+        b = unexplained[0]
+        return float(len(rows)), (f"row {b} differs away from any decision boundary: got {_short(got[0][b])} "
+                                  f"want {_short(want[0][b])}")
+    return float(len(rows)), None
+
+
+EARLY_EXIT_REL_TOL = 3e-5  # of max_v sum_h |norm(h)_h * W[v, h]|: float32 sums of H terms in another order
+
+
+def compare_topk(got, want, inputs):
+    """Values within float rounding of the reference logits; ids exact wherever the reference's
+    sorted logits around that rank are farther apart than the tolerance (tests/early_exit_support.py)."""
+    from ..reference._sampling import nan_to_neg_inf
+    from ..reference.early_exit import normalize
+
+    values, indices = got
+    k = inputs["k"]
+    norm = inputs.get("norm", "rms")
+    weight, bias = (None, None) if norm == "none" else (inputs["norm_weight"], inputs.get("norm_bias"))
+    h = normalize(inputs["hidden"], weight, bias, eps=1e-6, norm=norm)
+    w = inputs["lm_head_weight"].float()
+    logits = nan_to_neg_inf(h @ w.t())
+    tol = EARLY_EXIT_REL_TOL * torch.nan_to_num(h.abs() @ w.abs().t(), nan=0.0, posinf=0.0).amax(1, keepdim=True) + 1e-6
+    batch, vocab = logits.shape
+    if values.shape != (batch, k) or indices.shape != (batch, k) or indices.dtype != torch.int64:
+        return None, f"got shapes {list(values.shape)} {list(indices.shape)} {indices.dtype}, want [{batch}, {k}] int64"
+    ref_vals, ref_ids = torch.sort(logits, dim=-1, descending=True, stable=True)
+    want_vals = ref_vals[:, :k]
+    finite = torch.isfinite(want_vals)
+    error = float(((values - want_vals).abs()[finite]).max()) if bool(finite.any()) else 0.0
+    if not bool(((indices >= 0) & (indices < vocab)).all()):
+        return error, f"ids outside [0, {vocab}): {_short(indices)}"
+    if not torch.equal(values[~finite], want_vals[~finite]):
+        return error, "non-finite values differ from the reference's"
+    if not bool(((values - want_vals).abs() <= tol)[finite].all()):
+        return error, f"values off by up to {error:.3g} (tolerance {float(tol.max()):.3g})"
+    carried = logits.gather(1, indices)
+    if not bool(((carried - values).abs() <= tol)[finite].all()):
+        return error, "an id does not carry the logit reported beside it"
+    padded = torch.cat([torch.full((batch, 1), math.inf, device=logits.device), ref_vals,
+                        torch.full((batch, 1), -math.inf, device=logits.device)], 1)
+    separated = (padded[:, :k] - padded[:, 1:k + 1] > tol) & (padded[:, 1:k + 1] - padded[:, 2:k + 2] > tol)
+    must_match = (want_vals == -math.inf) | separated
+    if not torch.equal(indices[must_match], ref_ids[:, :k][must_match]):
+        rows = (must_match & (indices != ref_ids[:, :k])).any(1).nonzero().flatten()[:2].tolist()
+        return error, "; ".join(f"row {r}: ids {_short(indices[r])} want {_short(ref_ids[r, :k])}" for r in rows)
+    return error, None

@@ -1,0 +1,56 @@
+"""The selftest's data model: a check's Result, a Case (how to build, run and judge one problem), the Plan of a run."""
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass
+class Result:
+    """One check: an op on a backend at one case (shape and dtype)."""
+    op: str
+    backend: str
+    case: str
+    dtype: str
+    status: str
+    error: float | None = None  # max abs difference (float outputs) or number of differing entries (tokens)
+    message: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Case:
+    """How to build one problem, run it on a backend and judge a backend's answer.
+
+    build(seed) -> inputs (a dict; tensors on the device; every seed gives the same shapes,
+    so a captured graph can be replayed on another seed's values); run(inputs, backend) ->
+    a tuple of tensors; compare(got, want, inputs) -> (error, problem or None)."""
+    op: str
+    name: str
+    dtype: torch.dtype | None
+    build: Callable[[int], dict]
+    run: Callable[[dict, str], tuple]
+    compare: Callable[[tuple, tuple, dict], tuple]
+    graph: bool = False  # also capture this case in a CUDA graph
+    reference: Callable[[dict], tuple] | None = None  # default: run(inputs, "torch")
+    backends: tuple = ()  # the backends to check; () = the op's non-torch backends
+
+
+@dataclass
+class Plan:
+    device: torch.device
+    profile: str  # "tiny" (cpu dev mode), "quick" or "full"
+    backends: tuple
+    explicit_backends: bool
+    ops: tuple
+    graphs: bool
+    engine: bool
+    seed: int
+    results: list = field(default_factory=list)
+    # capture(device, fn) -> (outputs, replay): how graph checks capture; None = CUDA graphs (on a GPU only).
+    # Tests pass an eager stand-in to check the graph-check logic on the CPU.
+    capture: Callable | None = None

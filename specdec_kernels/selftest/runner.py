@@ -1,0 +1,295 @@
+"""Running the checks: every backend on each case against the reference, its CUDA-graph replay,
+the engine vs greedy, and the stop after a CUDA error that poisons the context."""
+
+import argparse
+import time
+from typing import Callable
+
+import torch
+
+from .cases_attention import attention_cases
+from .cases_chain import chain_cases
+from .cases_early_exit import early_exit_cases
+from .cases_kv import kv_cases
+from .cases_tree import tree_cases
+from .compare import _short
+from .model import FAIL, PASS, SKIP, Case, Plan, Result
+
+CASE_FAMILIES = (chain_cases, tree_cases, attention_cases, kv_cases, early_exit_cases)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _context_alive(device) -> bool:
+    """False once a kernel fault has poisoned the CUDA context (every later call would fail)."""
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(device)
+        return float(torch.ones(1, device=device).add_(1).item()) == 2.0
+    except Exception:  # noqa: BLE001 - any error here means the context is gone
+        return False
+
+
+def _copy_into(static: dict, fresh: dict) -> None:
+    """Write a new problem's values into the captured graph's input tensors (same shapes)."""
+    for name, value in static.items():
+        new = fresh[name]
+        if isinstance(value, torch.Tensor):
+            value.copy_(new)
+        elif isinstance(value, list):
+            for old, replacement in zip(value, new):
+                old.copy_(replacement)
+        # python scalars (thresholds, k, max_depth) are baked into the graph's launch: they stay
+
+
+def _describe_error(error: BaseException) -> str:
+    """The error's type and its first lines (a Triton compile error names the line on its second)."""
+    lines = [line.strip() for line in f"{type(error).__name__}: {error}".splitlines() if line.strip()]
+    return " | ".join(lines[:3])[:600]
+
+
+def _not_available(op, backend, device) -> str | None:
+    """Why `backend` cannot run `op` on `device` here (no _C, no triton), or None."""
+    from .. import ops
+
+    try:
+        ops.resolve(op, backend, device)
+    except (ValueError, RuntimeError) as error:
+        return str(error)
+    return None
+
+
+class ContextLost(Exception):
+    """A CUDA error poisoned the context at `where`; `results` are the checks done before it (the
+    failing one included)."""
+
+    def __init__(self, where: str, results: list | None = None):
+        super().__init__(where)
+        self.results = results or []
+
+
+def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
+    """Every backend on one case (and its CUDA-graph replay), against the reference."""
+    device = plan.device
+    dtype = "-" if case.dtype is None else str(case.dtype).replace("torch.", "")
+    results = []
+
+    def result(backend, name, status, error=None, message="", start=None):
+        results.append(Result(case.op, backend, name, dtype, status, error, message,
+                              0.0 if start is None else time.perf_counter() - start))
+
+    try:
+        inputs = case.build(plan.seed)
+        want = case.reference(inputs) if case.reference else case.run(inputs, "torch")
+        _sync(device)
+    except torch.cuda.OutOfMemoryError:
+        # the production shapes need a few GiB beside the reference's intermediates: a smaller GPU skips them
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        for backend in backends:
+            result(backend, case.name, SKIP, message=f"the inputs and the reference do not fit in this GPU's "
+                                                     f"{total:.0f} GiB")
+        torch.cuda.empty_cache()
+        return results
+    except Exception as error:  # noqa: BLE001 - a broken case builder is a selftest failure, reported
+        for backend in backends:
+            result(backend, case.name, FAIL, message=f"building the case or the reference failed: {_describe_error(error)}")
+        if not _context_alive(device):
+            raise ContextLost(f"{case.op} {case.name} (reference)", results) from error
+        return results
+    for backend in backends:
+        start = time.perf_counter()
+        try:
+            got = case.run(inputs, backend)
+            _sync(device)
+            error, problem = case.compare(got, want, inputs)
+            result(backend, case.name, FAIL if problem else PASS, error, problem or "", start)
+        except Exception as error:  # noqa: BLE001
+            message = _describe_error(error)
+            if isinstance(error, ValueError) and "cannot serve this call" in message:
+                result(backend, case.name, SKIP, message=message, start=start)  # past a registered launch limit
+                continue
+            result(backend, case.name, FAIL, message=message, start=start)
+            if not _context_alive(device):
+                raise ContextLost(f"{case.op} [{backend}] {case.name}", results) from error
+            continue
+        if case.graph and plan.graphs and (device.type == "cuda" or plan.capture is not None):
+            start = time.perf_counter()
+            try:
+                error, problem = graph_check(plan, case, backend)
+                result(backend, case.name + " graph", FAIL if problem else PASS, error, problem or "", start)
+            except Exception as error:  # noqa: BLE001
+                result(backend, case.name + " graph", FAIL, message=_describe_error(error), start=start)
+                if not _context_alive(device):
+                    raise ContextLost(f"{case.op} [{backend}] {case.name} graph", results) from error
+    return results
+
+
+def cuda_graph_capture(device: torch.device, fn):
+    """fn captured in a CUDA graph after a warm-up on the capture stream: (its outputs, replay)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        fn()  # warm-up: compilation, cached workspaces and pointer tables exist before the capture
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):  # the warm-up's stream: per-stream workspaces already exist
+        outputs = fn()
+
+    def replay():
+        graph.replay()
+        torch.cuda.synchronize(device)
+    return outputs, replay
+
+
+def graph_check(plan: Plan, case: Case, backend: str):
+    """Capture the op once, write another problem's values into the captured inputs, replay:
+    the replay must solve the new problem (nothing data-dependent baked in) and equal the
+    reference and an eager call on it."""
+    static = case.build(plan.seed + 101)
+    captured, replay = (plan.capture or cuda_graph_capture)(plan.device, lambda: case.run(static, backend))
+    _copy_into(static, case.build(plan.seed + 202))
+    replay()
+    replayed = tuple(t.clone() for t in captured)
+    want = case.reference(static) if case.reference else case.run(static, "torch")
+    error, problem = case.compare(replayed, want, static)
+    if problem:
+        return error, f"replay vs reference: {problem}"
+    eager = case.run(static, backend)
+    _, problem = case.compare(replayed, eager, static)
+    return error, None if problem is None else f"replay vs eager: {problem}"
+
+
+def engine_results(plan: Plan, backends: tuple) -> list[Result]:
+    """Every strategy on the embedded default models (float32) must give the target's own greedy
+    tokens (`generate(do_sample=False)`), on each backend, without and with CUDA graphs."""
+    import specdec_kernels
+
+    from ..demo import PROMPTS, STRATEGIES, batches, load_pair
+
+    device = plan.device
+    results = []
+    max_new = 32 if plan.profile == "full" else 16
+    start = time.perf_counter()
+    try:
+        class NotLoaded(Exception):
+            pass
+
+        def fail(message):
+            raise NotLoaded(message)
+
+        no_paths = argparse.Namespace(models=None, target=None, draft=None, specdec_drafter=None)
+        pair = load_pair(no_paths, device, torch.float32, fail=fail)
+        batch = batches(pair.tokenizer, PROMPTS[:2], 2, device)[0]
+        pad = pair.tokenizer.pad_token_id
+        common = dict(max_new_tokens=max_new, pad_token_id=pad, eos_token_id=[])
+        with torch.no_grad():
+            greedy = pair.target.generate(**batch, do_sample=False, **common)
+    except Exception as error:  # noqa: BLE001
+        return [Result("engine", b, "load the default models + HF greedy", "float32", FAIL,
+                       message=_describe_error(error), seconds=time.perf_counter() - start) for b in backends]
+    modes = (False, True) if device.type == "cuda" and plan.graphs else (False,)
+    for backend in backends:
+        for graphs in modes:
+            for name in STRATEGIES:
+                case = f"{name} {'cuda graphs' if graphs else 'eager'} B=2 T={max_new}"
+                if name not in pair.options:
+                    results.append(Result("engine", backend, case, "float32", SKIP, message=pair.skipped.get(name, "")))
+                    continue
+                start = time.perf_counter()
+                try:
+                    out = specdec_kernels.generate(pair.target, batch["input_ids"], attention_mask=batch["attention_mask"],
+                                                   strategy=name, backend=backend, cuda_graphs=graphs, **common,
+                                                   **pair.options[name])
+                    _sync(device)
+                    got, want = out.sequences, greedy
+                    differing, problem = None, None
+                    if got.shape != want.shape:
+                        problem = f"sequences {list(got.shape)}, greedy {list(want.shape)}"
+                    else:
+                        differing = float(int((got != want).sum()))
+                    if differing:
+                        row, pos = (int(v) for v in (got != want).nonzero()[0])
+                        prompt = batch["input_ids"].shape[1]
+                        problem = (f"not token-identical to greedy: row {row} first differs at new token {pos - prompt}: "
+                                   f"got {_short(got[row, pos:pos + 6])} want {_short(want[row, pos:pos + 6])}")
+                    results.append(Result("engine", backend, case, "float32", FAIL if problem else PASS, differing,
+                                          problem or "", time.perf_counter() - start))
+                except Exception as error:  # noqa: BLE001
+                    results.append(Result("engine", backend, case, "float32", FAIL, message=_describe_error(error),
+                                          seconds=time.perf_counter() - start))
+                    if not _context_alive(device):
+                        raise ContextLost(f"engine [{backend}] {case}", results) from error
+    return results
+
+
+def execute(plan: Plan, progress: Callable = lambda op, done, seconds: None) -> list[Result]:
+    """Run the plan's checks, calling progress(op, its results) after each op; a lost CUDA
+    context stops the remaining GPU checks (they are reported as skipped)."""
+    from .. import ops
+
+    results = plan.results
+    cases = [case for family in CASE_FAMILIES for case in family(plan.profile, plan.device) if case.op in plan.ops]
+    lost = None
+    by_op: dict[str, list[Case]] = {}
+    for case in cases:
+        by_op.setdefault(case.op, []).append(case)
+    for op in plan.ops:
+        op_cases = by_op.get(op, [])
+        if op == "engine" or not op_cases:
+            continue
+        started, before = time.perf_counter(), len(results)
+        for case in op_cases:
+            backends = case.backends or tuple(b for b in plan.backends if b in ops.implemented_backends(op) and b != "torch")
+            available, missing = [], []
+            for backend in backends:
+                reason = _not_available(op, backend, plan.device)
+                (missing if reason else available).append((backend, reason))
+            for backend, reason in missing:
+                status = FAIL if plan.explicit_backends else SKIP
+                results.append(Result(op, backend, case.name, "-" if case.dtype is None else str(case.dtype)[6:],
+                                      status, message=reason))
+            if lost is not None:
+                for backend, _ in available:
+                    results.append(Result(op, backend, case.name, "-" if case.dtype is None else str(case.dtype)[6:],
+                                          SKIP, message=f"not run: the CUDA context was lost at {lost}"))
+                continue
+            if available:
+                try:
+                    results.extend(run_case(plan, case, tuple(b for b, _ in available)))
+                except ContextLost as error:
+                    lost = str(error)
+                    results.extend(error.results)
+                    results.append(Result(op, "-", "CUDA context", "-", FAIL,
+                                          message=f"a CUDA error poisoned the context at {lost}; the remaining GPU "
+                                                  "checks are not run (rerun with --ops to isolate)"))
+        if plan.device.type == "cuda":
+            torch.cuda.empty_cache()  # the production shapes of the next op start from a clean pool
+        progress(op, results[before:], time.perf_counter() - started)
+    if plan.engine and "engine" in plan.ops:
+        started, before = time.perf_counter(), len(results)
+        engine_backends = plan.backends if plan.device.type == "cuda" else ("torch",)
+        usable = []
+        for backend in engine_backends:
+            reason = None if backend == "torch" else _not_available("greedy_verify", backend, plan.device)
+            if reason:
+                results.append(Result("engine", backend, "every strategy", "float32",
+                                      FAIL if plan.explicit_backends else SKIP, message=reason))
+            else:
+                usable.append(backend)
+        if lost is not None:
+            results.append(Result("engine", "-", "every strategy", "float32", SKIP,
+                                  message=f"not run: the CUDA context was lost at {lost}"))
+        elif usable:
+            try:
+                results.extend(engine_results(plan, tuple(usable)))
+            except ContextLost as error:
+                results.extend(error.results)
+                results.append(Result("engine", "-", "CUDA context", "-", FAIL,
+                                      message=f"a CUDA error poisoned the context at {error}"))
+        progress("engine", results[before:], time.perf_counter() - started)
+    return results
