@@ -20,6 +20,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -49,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write prompts, completions and statistics as JSON")
 
 
-def fail(message: str) -> "NoReturn":  # noqa: F821
+def fail(message: str) -> NoReturn:
     raise SystemExit(f"specdec-kernels generate: {message}")
 
 

@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 from gpu_support import CUDA_KERNEL_MARKS, _C  # noqa: E402
 
 from specdec_kernels import ops  # noqa: E402
-from specdec_kernels.reference._sampling import gather_token_values, nan_to_neg_inf  # noqa: E402
+from specdec_kernels.reference._sampling import nan_to_neg_inf  # noqa: E402
+from specdec_kernels.selftest.compare import draft_nll_band  # noqa: E402
 
 pytestmark = CUDA_KERNEL_MARKS
 
@@ -47,15 +48,9 @@ def check_relaxed(logits, drafts, counts=None, beta_tau=BETA_TAU):
 
 
 def draft_nll(logits, drafts):
-    """Finite -log softmax(logits[:, i])[draft_i] as the reference computes it (float32), and
-    the band around each one where another logsumexp rounding may land: MARGIN, widened by
-    a few ulps of lse for large logits."""
-    body = nan_to_neg_inf(logits[:, :drafts.shape[1]])
-    value, in_range = gather_token_values(body, drafts)
-    lse = torch.logsumexp(body, dim=-1)
-    nll = lse - value
-    keep = in_range & torch.isfinite(nll)
-    return nll[keep], MARGIN + 8 * torch.finfo(torch.float32).eps * lse[keep].abs()
+    """Finite draft NLLs as the reference computes them and the band (MARGIN + a few ulps of lse)
+    where another logsumexp rounding may land: the selftest's own rule."""
+    return draft_nll_band(logits, drafts, MARGIN)
 
 
 def bild_thresholds(logits, drafts, candidates=(0.3, 1.5, 4.0, 9.0, 12.0)):

@@ -55,7 +55,9 @@ def close(names: tuple[str, ...], tolerances: tuple[tuple[float, float], ...]):
     return compare
 
 
-def _draft_nll_band(logits, drafts, margin):
+def draft_nll_band(logits, drafts, margin):
+    """Finite -log softmax(logits[:, i])[draft_i] as the reference computes it (float32), and the band
+    around each where another logsumexp rounding may land: `margin`, widened by a few ulps of lse."""
     from ..reference._sampling import gather_token_values, nan_to_neg_inf
 
     body = nan_to_neg_inf(logits[:, :drafts.shape[1]])
@@ -69,7 +71,7 @@ def _draft_nll_band(logits, drafts, margin):
 def bild_threshold(logits, drafts, start, margin=1e-3):
     """A rollback threshold at least `margin` (nats) from every draft's NLL: the backends sum
     the logsumexp in another order, so a threshold inside that band may go either way."""
-    nll, band = _draft_nll_band(logits, drafts, margin)
+    nll, band = draft_nll_band(logits, drafts, margin)
     t = start
     while nll.numel() and bool(((nll - t).abs() < band).any()):
         t += 2.5 * margin
@@ -86,7 +88,7 @@ def compare_bild(got, want, inputs):
     logits, drafts, threshold = inputs["target_logits"], inputs["draft_tokens"], inputs["rollback_threshold"]
     rows = ((got[0] != want[0]).any(1) | (got[1] != want[1])).nonzero().flatten().tolist()
     for b in rows:
-        nll, band = _draft_nll_band(logits[b:b + 1], drafts[b:b + 1], 1e-3)
+        nll, band = draft_nll_band(logits[b:b + 1], drafts[b:b + 1], 1e-3)
         if not bool(((nll - threshold).abs() < band).any()):
             return float(len(rows)), f"row {b} differs with every draft NLL clear of the threshold: {problem}"
     return float(len(rows)), None
