@@ -224,7 +224,8 @@ Plan plan_kv_compact(int64_t B, int64_t num_layers, int64_t heads, int64_t seq_c
   const int64_t num_caches = std::max<int64_t>(2 * num_layers, 1);
   int64_t threads = std::min<int64_t>(kKvCompactMaxThreads, std::max<int64_t>(32, ceil_div(columns, 32) * 32));
   const int64_t wanted_blocks = 2 * static_cast<int64_t>(lim.sms);
-  while (threads > 32 && B * num_caches * ceil_div(columns, threads) < wanted_blocks) threads /= 2;
+  // halve while too few CTAs, in whole warps (a 24-thread block idles a quarter of its warp)
+  while (threads > 32 && B * num_caches * ceil_div(columns, threads) < wanted_blocks) threads = ceil_div(threads / 2, 32) * 32;
   const int64_t column_blocks = std::max<int64_t>(1, ceil_div(columns, threads));
   if (column_blocks > lim.grid_x / B) return refused("B * column blocks > 2^31 - 1");
   plan.values = {{"column_blocks", column_blocks}, {"num_layers", num_layers}};

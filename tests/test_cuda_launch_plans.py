@@ -34,7 +34,8 @@ OPT_IN_MAX = {80: 166912, 90: 232448}  # 163 KiB, 227 KiB
 GRID_X, GRID_YZ = 2**31 - 1, 65535
 FLOAT32, FLOAT16, BFLOAT16 = 0, 1, 2
 EARLY_EXIT_STATIC = 8 * 8 * 8 * 16  # kept[8 warps][8 rows][16] u64
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomize: CI sees the same examples every run (a failure reproduces); @example pins the found ones
+SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
 # ---------------------------------------------------------------------------------- cuobjdump
@@ -207,6 +208,7 @@ def test_rejection_sample_plans(compiled, arch, kernel, B, G, V):
 @given(arch=st.sampled_from(ARCHS), B=BATCH, L=st.integers(0, 40000), Hkv=st.integers(0, 128),
        S_max=st.integers(0, 2**20), D=st.integers(0, 512), elem_size=st.sampled_from([2, 4]),
        vector_bytes=st.sampled_from([2, 4, 8, 16]))
+@example(arch=80, B=1, L=0, Hkv=65, S_max=0, D=1, elem_size=2, vector_bytes=2)  # found by CI: a 24-thread block
 def test_kv_compact_plans(compiled, arch, B, L, Hkv, S_max, D, elem_size, vector_bytes):
     if (D * elem_size) % vector_bytes:
         vector_bytes = 2
