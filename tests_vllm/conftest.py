@@ -8,16 +8,11 @@ Models: the embedded default pair (specdec_kernels.defaults: a trained 6-layer L
 """
 
 import importlib.util
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 # Python snippets in the models' training domain (the standard library's source).
 PROMPTS = ["def ", "import os\n", "class Foo:\n    def __init__(self", "for i in range(", "return "]
@@ -57,35 +52,3 @@ def hf_models(model_dirs):
     from transformers import AutoModelForCausalLM
     target, draft = (AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval() for d in model_dirs)
     return target, draft
-
-
-class EngineRun:
-    """One vLLM engine in its own process (engine_run.py): outputs, spec-decode metrics, the
-    counters our plugin wrote in the engine's worker(s), and the engine's log."""
-
-    def __init__(self, result: dict, stats: list[dict], log: str, seconds: float):
-        self.runs, self.metrics, self.snapshots = result["runs"], result["metrics"], result["snapshots"]
-        self.stats, self.log, self.seconds = stats, log, seconds
-        self.start_s, self.generate_s = result["start_s"], result["generate_s"]
-
-    def ours(self, key: str) -> int:
-        return sum(s[key] for s in self.stats)
-
-
-def run_engine(tmp_path: Path, job: dict, *, plugin: bool, extra_env: dict | None = None,
-               timeout: int = 420) -> EngineRun:
-    import time
-    stats_dir = tmp_path / "stats"
-    stats_dir.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "job.json").write_text(json.dumps(job))
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SPECDEC_KERNELS_VLLM="1" if plugin else "0",
-               SPECDEC_KERNELS_VLLM_STATS=str(stats_dir), **(extra_env or {}))
-    start = time.time()
-    proc = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(tmp_path / "job.json"),
-                           str(tmp_path / "result.json")], env=env, capture_output=True, text=True, timeout=timeout)
-    log = proc.stdout + proc.stderr
-    (tmp_path / "engine.log").write_text(log)
-    if proc.returncode != 0:
-        raise AssertionError(f"vLLM engine failed (exit {proc.returncode}); log tail:\n{log[-4000:]}")
-    stats = [json.loads(p.read_text()) for p in sorted(stats_dir.glob("specdec_kernels_vllm.*.json"))]
-    return EngineRun(json.loads((tmp_path / "result.json").read_text()), stats, log, time.time() - start)

@@ -31,7 +31,7 @@ _INT64 = torch.iinfo(torch.int64)
 
 # What our ops did in this process (the proof, in tests, that the worker verified with them).
 STATS = {"calls": 0, "greedy_rows": 0, "random_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
-         "ngram_calls": 0, "seeded_rows": 0}
+         "calls_with_drafts": 0, "one_hot_calls": 0, "seeded_rows": 0}
 STATS_DIR_ENV = "SPECDEC_KERNELS_VLLM_STATS"
 BACKEND_ENV = "SPECDEC_KERNELS_VLLM_BACKEND"
 
@@ -106,7 +106,9 @@ def _record(num_draft_tokens: list[int], draft_probs, sampling_metadata, is_gree
     batch = len(num_draft_tokens)
     num_greedy = batch if is_greedy is True else (0 if is_greedy is False else int(is_greedy.sum()))
     for key, value in {"calls": 1, "greedy_rows": num_greedy, "random_rows": batch - num_greedy,
-                       "draft_tokens": int(sum(num_draft_tokens)), "ngram_calls": int(draft_probs is None),
+                       "draft_tokens": int(sum(num_draft_tokens)), "calls_with_drafts": int(sum(num_draft_tokens) > 0),
+                       # calls that had drafts but no draft probabilities (n-gram, greedy drafting)
+                       "one_hot_calls": int(draft_probs is None and sum(num_draft_tokens) > 0),
                        "seeded_rows": len(sampling_metadata.generators),
                        "accepted_tokens": int(accepted.sum())}.items():
         STATS[key] += value
