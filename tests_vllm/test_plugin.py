@@ -123,3 +123,19 @@ def test_the_expand_we_replace_is_broken_on_vllms_cpu_build_and_ours_is_not(fres
     assert torch.equal(ours, want)
     theirs = module.expand_batch_to_tokens(temperature, cu, 6, replace_from=0, replace_to=1)
     assert not torch.equal(theirs, want), "vLLM's CPU expand is fixed in this build: the replacement may go"
+
+
+def test_a_platform_that_may_run_model_runner_v2_gets_a_warning(fresh, monkeypatch, plugin_log):
+    from vllm.platforms import current_platform
+    module, plugin = fresh
+    monkeypatch.setenv("SPECDEC_KERNELS_VLLM", "1")
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
+    assert plugin.register() is True
+    warnings = [r.getMessage() for r in plugin_log if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "VLLM_USE_V2_MODEL_RUNNER=0" in warnings[0]
+    plugin.unregister()
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    plugin_log.clear()
+    assert plugin.register() is True
+    assert not [r for r in plugin_log if r.levelno == logging.WARNING]

@@ -95,7 +95,23 @@ def register() -> bool:
     log.info("specdec_kernels %s replaced vLLM's rejection sampling (%s.rejection_sample: greedy_verify, "
              "rejection_sample; expand_batch_to_tokens) in process %d, backend=%s",
              _version(), MODULE, os.getpid(), sampler._backend())
+    _warn_if_model_runner_v2(log)
     return True
+
+
+def _warn_if_model_runner_v2(log) -> None:
+    """vLLM 0.32 runs Model Runner V2 where Triton works (GPUs) unless VLLM_USE_V2_MODEL_RUNNER=0;
+    V2 has its own sampler (vllm/v1/worker/gpu/spec_decode/), which we do not replace. The CPU
+    build has no Triton backend and runs V1."""
+    try:
+        from vllm import envs
+        from vllm.platforms import current_platform
+        v2_possible = not current_platform.is_cpu() and envs.VLLM_USE_V2_MODEL_RUNNER is not False
+    except Exception:  # noqa: BLE001  (a hint only: never stop vLLM over it)
+        return
+    if v2_possible:
+        log.warning("specdec_kernels: on this platform vLLM may run Model Runner V2, whose rejection sampler is not "
+                    "replaced; set VLLM_USE_V2_MODEL_RUNNER=0 to verify with specdec_kernels (untested on GPUs)")
 
 
 def unregister() -> None:
