@@ -159,7 +159,10 @@ def test_acceptance_matches_our_own_engine(tmp_path_factory, model_dirs, prompt_
 
 def test_tensor_parallel_2_greedy(tmp_path_factory, model_dirs, prompt_ids, plain):
     """TP=2 on the CPU engine: two workers, our plugin inside each. vLLM's automatic thread
-    binding wants a NUMA node per worker; these machines have one, so each worker gets a core."""
+    binding wants a NUMA node per worker; these machines have one (without the binding below:
+    "AssertionError: Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers. Allowed
+    NUMA nodes are [0]. Please try to bind threads manually or decrease DP/TP/PP."), so each
+    worker gets one core by hand."""
     n = 24
     prompts = prompt_ids[:3]
     engine = run_engine_(tmp_path_factory, "tp2",
