@@ -1,0 +1,8 @@
+"""Other engines using specdec-kernels' ops: thin adapters over `specdec_kernels.ops`.
+
+Each integration imports its engine lazily and changes nothing unless the user turns it on;
+`import specdec_kernels` never imports an engine.
+
+    integrations.vllm   vLLM plugin (entry point `vllm.general_plugins: specdec_kernels`),
+                        active with SPECDEC_KERNELS_VLLM=1: vLLM V1's rejection sampling runs on our ops.
+"""
