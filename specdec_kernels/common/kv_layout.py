@@ -43,7 +43,6 @@ MAX_TABLES = 64  # cached tables not used by a graph capture; older ones are evi
 VECTOR_BYTES = 16  # the widest load/store the kernels issue
 
 
-
 @dataclass
 class _Entry:
     table: torch.Tensor  # [2L, 4] int64 on the device

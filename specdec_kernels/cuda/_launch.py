@@ -8,6 +8,8 @@ import torch
 from ..common import cuda_module as _cuda_module
 from ..common.workspace import _zeroed_workspaces  # noqa: F401  (the GPU tests inspect the buffers through here)
 from ..common.outputs import chain_outputs, tree_outputs  # noqa: F401  (re-exported for the launchers)
+# int32 index tensors as int64 for the kernels that read only int64 (the reference's own helper)
+from ..reference._sampling import as_int64  # noqa: F401  (re-exported for the launchers)
 
 # dtype codes shared with csrc/common.cuh
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -26,12 +28,6 @@ def stream_handle(device: torch.device) -> int:
 def on_device(device: torch.device):
     """Make `device` current for a launch: the launchers read the current device."""
     return torch.cuda.device(device)
-
-
-def int64_index(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """An int32 or int64 index tensor as int64, for the kernels that read only int64 (a copy of a
-    few bytes a row, capture-safe, only when the caller passed int32)."""
-    return tensor if tensor is None or tensor.dtype == torch.int64 else tensor.to(torch.int64)
 
 
 def pointer(tensor: torch.Tensor | None) -> int:

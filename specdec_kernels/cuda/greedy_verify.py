@@ -2,11 +2,11 @@
 
 from ..common.registry import register
 from ..common.workspace import zeroed_workspace
-from ._launch import DTYPE_CODES, chain_outputs, int64_index, library, on_device, plan_limits, pointer, stream_handle
+from ._launch import DTYPE_CODES, as_int64, chain_outputs, library, on_device, plan_limits, pointer, stream_handle
 
 
 def greedy_verify(target_logits, draft_tokens, *, num_draft_tokens=None):
-    draft_tokens, num_draft_tokens = int64_index(draft_tokens), int64_index(num_draft_tokens)  # the kernel reads int64
+    draft_tokens, num_draft_tokens = as_int64(draft_tokens), as_int64(num_draft_tokens)  # the kernel reads int64
     lib = library()
     batch, g = draft_tokens.shape
     vocab = target_logits.shape[-1]

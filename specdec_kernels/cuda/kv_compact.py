@@ -6,11 +6,11 @@ import torch
 
 from ..common.registry import register
 from ..common.kv_layout import cache_layout
-from ._launch import int64_index, library, on_device, plan_limits, pointer, stream_handle
+from ._launch import as_int64, library, on_device, plan_limits, pointer, stream_handle
 
 
 def kv_compact(k_caches, v_caches, seq_lens, accepted_nodes):
-    accepted_nodes = int64_index(accepted_nodes)  # the kernel reads int64 entries (seq_lens: int32 or int64)
+    accepted_nodes = as_int64(accepted_nodes)  # the kernel reads int64 entries (seq_lens: int32 or int64)
     lib = library()
     batch, m = accepted_nodes.shape
     device = seq_lens.device
@@ -35,9 +35,8 @@ def _plan_sizes(sizes):
     """vector_bytes is only known from the cache addresses: plan for the narrowest (most CTAs)."""
     if "Hkv" not in sizes:  # no layers: lengths only
         return dict(B=sizes["B"], L=0)
-    elem_size = torch.empty((), dtype=sizes["dtype"]).element_size()
     return dict(B=sizes["B"], L=sizes["L"], Hkv=sizes["Hkv"], S_max=sizes["S_max"], D=sizes["D"],
-                elem_size=elem_size, vector_bytes=2)
+                elem_size=sizes["dtype"].itemsize, vector_bytes=2)
 
 
 register("kv_compact", "cuda", kv_compact, limits=plan_limits("kv_compact", _plan_sizes))

@@ -11,7 +11,7 @@ import torch
 
 from ..common.registry import register
 from ..common.workspace import zeroed_workspace
-from ._launch import DTYPE_CODES, chain_outputs, int64_index, library, on_device, plan_limits, pointer, stream_handle
+from ._launch import DTYPE_CODES, as_int64, chain_outputs, library, on_device, plan_limits, pointer, stream_handle
 
 
 def _contiguous(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -31,7 +31,7 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, *, uniforms=None, 
                      num_draft_tokens=None):
     """CUDA `rejection_sample` on validated inputs (see specdec_kernels.ops.rejection_sample)."""
     # the kernel reads int64 ids, counts and offsets (randomness_args converts the seeds)
-    draft_tokens, num_draft_tokens, offsets = map(int64_index, (draft_tokens, num_draft_tokens, offsets))
+    draft_tokens, num_draft_tokens, offsets = map(as_int64, (draft_tokens, num_draft_tokens, offsets))
     lib = library()
     batch, g = draft_tokens.shape
     vocab = target_probs.shape[-1]
@@ -66,7 +66,7 @@ def rejection_sample_logits(target_logits, draft_logits, draft_tokens, *, temper
     boundary: the softmax sums are reduced in a different order (csrc/rejection_sample.cu).
     """
     # the kernel reads int64 ids, counts and offsets (randomness_args converts the seeds)
-    draft_tokens, num_draft_tokens, offsets = map(int64_index, (draft_tokens, num_draft_tokens, offsets))
+    draft_tokens, num_draft_tokens, offsets = map(as_int64, (draft_tokens, num_draft_tokens, offsets))
     lib = library()
     batch, g = draft_tokens.shape
     vocab = target_logits.shape[-1]

@@ -5,11 +5,11 @@ import torch
 
 from ..common.registry import register
 from ..common.workspace import zeroed_workspace
-from ._launch import DTYPE_CODES, int64_index, library, on_device, plan_limits, pointer, stream_handle, tree_outputs
+from ._launch import DTYPE_CODES, as_int64, library, on_device, plan_limits, pointer, stream_handle, tree_outputs
 
 
 def tree_greedy_verify(target_logits, tree_tokens, parents, *, max_depth: int):
-    tree_tokens, parents = int64_index(tree_tokens), int64_index(parents)  # the kernel reads int64 (any strides)
+    tree_tokens, parents = as_int64(tree_tokens), as_int64(parents)  # the kernel reads int64 (any strides)
     lib = library()
     batch, n, vocab = target_logits.shape
     device = tree_tokens.device
@@ -28,8 +28,8 @@ def tree_greedy_verify(target_logits, tree_tokens, parents, *, max_depth: int):
 def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None,
                           seed=None, offsets=None):
     # the kernel reads int64 (any strides) tokens, parents, seeds and offsets
-    tree_tokens, parents, offsets = int64_index(tree_tokens), int64_index(parents), int64_index(offsets)
-    seed = int64_index(seed) if isinstance(seed, torch.Tensor) else seed
+    tree_tokens, parents, offsets = as_int64(tree_tokens), as_int64(parents), as_int64(offsets)
+    seed = as_int64(seed) if isinstance(seed, torch.Tensor) else seed
     lib = library()
     batch, n, vocab = target_probs.shape
     device = tree_tokens.device

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..ops import _validate as check
-from .engine import OP, Engine, Proposal, Strategy
+from .engine import OP, Engine, Proposal, Strategy, weight_addresses
 
 HEAD_KINDS = ("N", "Y")
 
@@ -111,7 +111,7 @@ class PPDDecoder(Strategy):
     def graph_key(self):
         head = self.head_option
         if head not in (None, "N"):  # trained heads: the object and where its weights live
-            head = (id(head), tuple(p.data_ptr() for p in head.parameters()))
+            head = (id(head), weight_addresses(head))
         return (self.name, self.k, self.exit_layer_option, head, id(self.candidates))
 
     def propose(self, engine: Engine, first: bool) -> Proposal:

@@ -79,8 +79,7 @@ class SpecDecDecoder(Strategy):
         length = min(engine.span + 2 * self.k + 1, config.max_position_embeddings - self.k)
         self.cache, reused = engine.reuse("specdec.cache", lambda: self.drafter.new_cache(batch, length))
         if reused:  # empty rows, same storage: the kept graphs address it
-            self.cache.seq_lens.zero_()
-            self.cache._length_bound = 0
+            self.cache.reset()
         if engine.encoder_decoder:
             self.drafter.encode(engine.input_ids.to(torch.int64), engine.source_mask, self.cache)
         # what the next draft step feeds: the previous step's committed tokens (the first step: the prompt)

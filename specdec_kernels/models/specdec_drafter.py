@@ -95,6 +95,11 @@ class DrafterCache:
         self.encoder_mask: Tensor | None = None
         self._length_bound = 0  # host-side upper bound of seq_lens.max(); read back only past max_length
 
+    def reset(self) -> None:
+        """Empty every row (the storage is kept; old K/V are overwritten as rows grow)."""
+        self.seq_lens.zero_()
+        self._length_bound = 0
+
     def reserve(self, num_new: int) -> None:
         """Refuse a write past max_length (syncs only when the host-side bound says it might)."""
         self._length_bound += num_new
