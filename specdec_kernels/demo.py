@@ -232,12 +232,14 @@ def run_all(pair: Pair, work: list[dict], max_new_tokens: int, device, repeats: 
                     total_s += seconds
                     bar.update()
                 passes[name].append(total_s)
-                outputs.setdefault(name, results)  # the first pass's tokens are checked (every pass decodes the same)
-    greedy_tokens = [tok.cpu() for tok, _ in outputs[GREEDY]]
+                outputs.setdefault(name, []).append(results)
+    greedy_tokens = [tok.cpu() for tok, _ in outputs[GREEDY][0]]
     rows = []
     for name in methods:
-        tokens = [tok.cpu() for tok, _ in outputs[name]]
-        stats = [s for _, s in outputs[name] if s is not None]
+        tokens = [tok.cpu() for tok, _ in outputs[name][0]]
+        stats = [s for _, s in outputs[name][0] if s is not None]  # every pass decodes the same tokens
+        identical = all(torch.equal(tok.cpu(), want) for results in outputs[name]
+                        for (tok, _), want in zip(results, greedy_tokens))
         count = sum(t.numel() for t in tokens)
         rates = [count / seconds for seconds in passes[name]]
         greedy_count = sum(t.numel() for t in greedy_tokens)
@@ -245,7 +247,7 @@ def run_all(pair: Pair, work: list[dict], max_new_tokens: int, device, repeats: 
         row = {"strategy": name, "tokens": count, "time_s": statistics.median(passes[name]),
                "first_call_s": first_call[name], "tokens_per_s": statistics.median(rates),
                "tokens_per_s_passes": rates, "speedup": statistics.median(speedups), "speedup_passes": speedups,
-               "spread": spread(rates), "identical_to_greedy": all(torch.equal(a, b) for a, b in zip(tokens, greedy_tokens)),
+               "spread": spread(rates), "identical_to_greedy": identical,
                "sample": pair.tokenizer.decode(tokens[0][0], skip_special_tokens=True),
                "options": {k: v for k, v in pair.options.get(name, {}).items() if isinstance(v, (int, float, str))}}
         row["noisy"] = row["spread"] > NOISY
