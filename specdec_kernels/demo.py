@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeatable; replaces the built-in ones)")
     add_machine_arguments(parser)
     parser.add_argument("--repeats", type=int, default=3,
-                        help="timed passes per method, interleaved; the table shows the median and the spread (default 3)")
+                        help="timed passes per method, interleaved; the table shows the median and the spread "
+                             "(default 3)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="model dtype (default float32: the dtype in which lossless means token-identical)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -290,7 +291,8 @@ def describe(device: torch.device, threads_chosen_by: str | None = None) -> str:
         return f"GPU {torch.cuda.get_device_name(device)} ({device})"
     threads = torch.get_num_threads()
     how = f", {threads_chosen_by}" if threads_chosen_by else ""
-    return f"CPU {platform.processor() or platform.machine()} ({threads} thread{'s' * (threads != 1)}{how}; no GPU found)"
+    plural = "s" if threads != 1 else ""
+    return f"CPU {platform.processor() or platform.machine()} ({threads} thread{plural}{how}; no GPU found)"
 
 
 def run(args) -> int:

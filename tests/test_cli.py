@@ -103,7 +103,7 @@ def cli_error(args: list[str]) -> str:
     (["--threads", "0"], "--threads 0: expected a positive number"),
     # the tiny target has 1,024 positions; a rotary model would decode past them without a word
     (["--max-new-tokens", "1024"], "the longest prompt (1 tokens) + max_new_tokens (1024) = 1025 positions exceeds "
-                                   "the target model's max_position_embeddings (1024)"),
+                                   "the target model's 1024 (config.max_position_embeddings)"),
 ])
 def test_bad_generate_arguments_fail_with_one_line(tiny_set, args, message):
     text = cli_error(["generate", "--models", str(tiny_set), "--prompt", "x", *args])
@@ -133,7 +133,8 @@ def test_a_bad_argument_exits_with_status_1_and_no_traceback(tiny_set):
                            "--prompt", "x", "--device", "banana"], capture_output=True, text=True,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.strip().splitlines()[-1] == "specdec-kernels generate: --device banana: expected cpu, cuda or cuda:N"
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == "specdec-kernels generate: --device banana: expected cpu, cuda or cuda:N"
     assert "Traceback" not in done.stderr
 
 
@@ -217,8 +218,8 @@ def test_bench_says_where_it_wrote_its_files(tmp_path, capfd, monkeypatch, where
     bench_dir.mkdir()
     (bench_dir / "bench_fake.py").write_text(FAKE_BENCH)
     out = tmp_path / "chosen"
-    args = {"bench option": ["--out", str(out), "fake", "--smoke"], "script option": ["fake", "--smoke", "--out", str(out)],
-            "default": ["fake", "--smoke"]}[where]
+    args = {"bench option": ["--out", str(out), "fake", "--smoke"],
+            "script option": ["fake", "--smoke", "--out", str(out)], "default": ["fake", "--smoke"]}[where]
     if where == "default":
         monkeypatch.chdir(tmp_path)
         out = tmp_path / "bench" / "results"

@@ -31,11 +31,11 @@ def test_prompt_plus_new_tokens_past_the_positions_is_refused_at_the_boundary():
                                    eos_token_id=[])
     assert out.sequences.shape == (1, 6 + 12)  # 4 + 12 = 16 positions: exactly fits
     with pytest.raises(ValueError, match=r"longest prompt \(4 tokens\) \+ max_new_tokens \(13\) = 17 positions "
-                                         r"exceeds the target model's max_position_embeddings \(16\)"):
+                                         r"exceeds the target model's 16 \(config.max_position_embeddings\)"):
         specdec_kernels.generate(model, prompt, attention_mask=mask, strategy="plain", max_new_tokens=13)
 
 
 def test_a_draft_with_fewer_positions_than_the_target_is_refused_too():
-    with pytest.raises(ValueError, match=r"exceeds the draft model's max_position_embeddings \(8\)"):
+    with pytest.raises(ValueError, match=r"exceeds the draft model's 8 \(config.max_position_embeddings\)"):
         specdec_kernels.generate(tiny_llama(64), torch.ones(1, 4, dtype=torch.int64), strategy="speculative",
                                  draft_model=tiny_llama(8), max_new_tokens=5)

@@ -48,8 +48,8 @@ def _check_positions(model, role: str, input_ids, attention_mask, max_new_tokens
         longest = int(attention_mask.sum(-1).max())
     if longest + max_new_tokens > limit:
         check.fail(OP, f"the longest prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) = "
-                       f"{longest + max_new_tokens} positions exceeds the {role} model's max_position_embeddings "
-                       f"({limit}): shorten the prompt or lower max_new_tokens")
+                       f"{longest + max_new_tokens} positions exceeds the {role} model's {limit} "
+                       "(config.max_position_embeddings): shorten the prompt or lower max_new_tokens")
 
 
 @torch.no_grad()
