@@ -8,7 +8,9 @@ rollback_rule="exact", ppd k=3); `--option NAME=VALUE` (repeatable) overrides an
 strategy, e.g. `--option num_draft_tokens=6` or `--option rollback_rule='"nll"'` (values are Python
 literals; a bare word is a string). `--check` also runs the target's own greedy `generate` and says
 whether the tokens are identical. Prompts come from `--prompt` (repeatable; decoded as one left-padded
-batch) or, without it, from standard input.
+batch) or, without it, from standard input. The text and the statistics go to standard output; the
+device, the CPU threads (`--threads N`; default half the cores, at most 4) and, for a call over 2 s, a
+progress line go to standard error.
 
     specdec-kernels generate --prompt "def fibonacci(n):" --strategy speculative --check
     echo "import os" | specdec-kernels generate --strategy ppd --max-new-tokens 48 --json out.json
