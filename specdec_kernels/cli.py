@@ -1,6 +1,6 @@
 """The `specdec-kernels` command:
 
-  info      build_info() as JSON: what was built, which backends `auto` picks here
+  info      what was built, which backends `auto` picks here (--json: the full record)
   demo      every strategy on one model pair, checked against greedy and timed (specdec_kernels/demo.py)
   generate  your prompts with one strategy: text and statistics (specdec_kernels/generate_command.py)
   bench     a benchmark script of a source checkout (specdec_kernels/bench_command.py)
@@ -8,18 +8,20 @@
 """
 
 import argparse
-import json
 import sys
+
+from ._version import __version__
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import bench_command, demo, generate_command, selftest
+    from . import bench_command, demo, generate_command, info_command, selftest
 
     parser = argparse.ArgumentParser(prog="specdec-kernels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="print what was built and which backends `auto` picks on this machine")
-    commands = {"demo": (demo, "decode with every strategy, check against greedy, print a table"),
+    commands = {"info": (info_command, "print what was built and which backends `auto` picks on this machine"),
+                "demo": (demo, "decode with every strategy, check against greedy, print a table"),
                 "generate": (generate_command, "decode prompts with one strategy, print text and statistics"),
                 "bench": (bench_command, "run a benchmark script of a source checkout"),
                 "selftest": (selftest, "check every GPU kernel against the torch reference on this GPU "
@@ -28,13 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         module.add_arguments(sub.add_parser(name, help=summary, description=module.__doc__,
                                             formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)
-    if args.command in commands:
-        return commands[args.command][0].run(args)
-    from . import build_info
-
-    json.dump(build_info(), sys.stdout, indent=2)
-    print()
-    return 0
+    return commands[args.command][0].run(args)
 
 
 if __name__ == "__main__":

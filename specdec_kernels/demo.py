@@ -6,12 +6,20 @@ four strategies at lossless settings, prints one sample continuation per strateg
 tokens/s, speed-up over greedy, mean accepted tokens per target forward, acceptance rate and whether
 the tokens equal greedy's. `--models PATH` takes another set in the defaults layout; `--target PATH
 --draft PATH` takes the user's own local HF causal LMs (sharing a tokenizer).
+
+Timing: every method is timed over `--repeats` passes (3), interleaved so that a change of the machine's
+load hits all methods alike; the table gives medians, the speed-up's min-max and the spread of tokens/s,
+and flags a method whose tokens/s varies by more than 25% as noisy. On the CPU it runs with half the
+cores (at most 4) unless `--threads N` or OMP_NUM_THREADS says otherwise: with every core busy, one
+delayed thread stalls each op (measured on a shared 2-core machine: 1 thread 26-38 s for the demo,
+2 threads 262-325 s, every method flagged noisy).
 """
 
 import argparse
 import json
 import math
 import platform
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,6 +27,8 @@ from pathlib import Path
 from typing import NoReturn
 
 import torch
+
+from .cli_machine import add_machine_arguments, pick_device, set_threads
 
 PROMPTS = (
     "def fibonacci(n):\n    ",
@@ -29,6 +39,8 @@ STRATEGIES = ("plain", "speculative", "specdec", "bild", "ppd")
 GREEDY = "greedy"  # the baseline users know: the target's own HF generate loop
 LABELS = {GREEDY: "greedy (HF generate)", "plain": "plain (our engine, no draft)"}
 SAMPLE_CHARS = 120
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+NOISY = 0.25  # a method whose tokens/s varies by more than this share of its median between passes is flagged
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=1,
                         help="rows per generate call; the prompts are cycled to fill the rows, left-padded (default 1)")
     parser.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeatable; replaces the built-in ones)")
-    parser.add_argument("--device", help="cuda, cuda:1, cpu, ... (default: cuda if available, else cpu)")
+    add_machine_arguments(parser)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed passes per method, interleaved; the table shows the median and the spread "
+                             "(default 3)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="model dtype (default float32: the dtype in which lossless means token-identical)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -109,15 +124,26 @@ def _user_pair(args, device, dtype, fail=fail) -> Pair:
             fail(f"{option} {path}: no such folder")
         return Path(path)
 
-    def causal_lm(path):
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    def causal_lm(option, path):
+        if not (path / "config.json").is_file():
+            fail(f"{option} {path}: not an HF model folder (no config.json; save_pretrained writes one)")
+        try:
+            return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        except (OSError, ValueError, KeyError) as error:  # unknown model type, missing or broken weights
+            fail(f"{option} {path}: transformers cannot load it as a causal LM: {first_line(error)}")
 
     target_path = folder("--target", args.target)
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
-    target = causal_lm(target_path)
+    if not any((target_path / name).is_file() for name in TOKENIZER_FILES):
+        fail(f"--target {target_path}: no tokenizer in it (expected one of {', '.join(TOKENIZER_FILES)} beside "
+             "the weights: tokenizer.save_pretrained(PATH) writes them)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target_path)
+    except (OSError, ValueError, ImportError) as error:
+        fail(f"--target {target_path}: transformers cannot load its tokenizer: {first_line(error)}")
+    target = causal_lm("--target", target_path)
     options, skipped = {"plain": {}, "ppd": dict(k=3, head="N")}, {}
     if args.draft:
-        draft = causal_lm(folder("--draft", args.draft))
+        draft = causal_lm("--draft", folder("--draft", args.draft))
         options.update(speculative=dict(draft_model=draft, num_draft_tokens=4),
                        bild=dict(draft_model=draft, rollback_rule="exact"))
     else:
@@ -131,6 +157,12 @@ def _user_pair(args, device, dtype, fail=fail) -> Pair:
         skipped["specdec"] = "needs a trained SpecDec drafter (--specdec-drafter PATH; see train_specdec_drafter)"
     source = f"{target_path} + {args.draft}" if args.draft else str(target_path)
     return Pair(tokenizer, target, options, skipped, source=source)
+
+
+def first_line(error: BaseException) -> str:
+    """An exception's message, first line only: a CLI error stays one line."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def batches(tokenizer, prompts, batch_size: int, device) -> list[dict]:
@@ -182,84 +214,112 @@ def decoders(pair: Pair, max_new_tokens: int, pad: int) -> dict:
     return table
 
 
-def run_all(pair: Pair, work: list[dict], max_new_tokens: int, device) -> list[dict]:
-    """Per method: one warm-up call (first batch; its time is the first-call latency), then the timed pass."""
+def run_all(pair: Pair, work: list[dict], max_new_tokens: int, device, repeats: int = 1) -> list[dict]:
+    """Per method one warm-up call (first batch; its time is the first-call latency), then `repeats`
+    timed passes over all batches, the methods interleaved in each round so that a change of the
+    machine's load hits them all; tokens/s and speed-up are the medians over the passes (the speed-up
+    of a pass against greedy's pass of the same round), with their spread."""
     from tqdm.auto import tqdm
 
     pad = pair.tokenizer.pad_token_id
     methods = decoders(pair, max_new_tokens, pad)
-    rows, greedy_tokens = [], None
-    with tqdm(total=len(methods) * (1 + len(work)), desc="demo", unit="run", file=sys.stderr) as bar:
+    first_call, passes, outputs = {}, {name: [] for name in methods}, {}
+    with tqdm(total=len(methods) * (1 + repeats * len(work)), desc="demo", unit="run", file=sys.stderr) as bar, \
+            torch.no_grad():
         for name, decode in methods.items():
-            bar.set_postfix_str(name.split()[0])
-            with torch.no_grad():
-                _, first_call_s = timed(lambda: decode(work[0]), device)
-                bar.update()
-                outputs, total_s = [], 0.0
+            bar.set_postfix_str(f"warm-up {name}")
+            _, first_call[name] = timed(lambda: decode(work[0]), device)
+            bar.update()
+        for round_ in range(repeats):
+            for name, decode in methods.items():
+                bar.set_postfix_str(f"pass {round_ + 1}/{repeats} {name}")
+                results, total_s = [], 0.0
                 for batch in work:
                     out, seconds = timed(lambda: decode(batch), device)
-                    outputs.append(out)
+                    results.append(out)
                     total_s += seconds
                     bar.update()
-            tokens = [tok.cpu() for tok, _ in outputs]
-            if greedy_tokens is None:
-                greedy_tokens = tokens
-            stats = [s for _, s in outputs if s is not None]
-            count = sum(t.numel() for t in tokens)
-            row = {"strategy": name, "tokens": count, "time_s": total_s, "first_call_s": first_call_s,
-                   "tokens_per_s": count / total_s,
-                   "identical_to_greedy": all(torch.equal(a, b) for a, b in zip(tokens, greedy_tokens)),
-                   "sample": pair.tokenizer.decode(tokens[0][0], skip_special_tokens=True),
-                   "options": {k: v for k, v in pair.options.get(name, {}).items() if isinstance(v, (int, float, str))}}
-            if stats:
-                forwards = sum(s.target_forwards for s in stats)
-                drafted = sum(s.drafted_tokens for s in stats)
-                row["mean_accepted_tokens"] = sum(s.emitted_tokens for s in stats) / max(forwards, 1)
-                accepted = sum(s.accepted_tokens for s in stats)
-                # "plain" drafts nothing by design: no rate, rather than 0
-                row["acceptance_rate"] = accepted / max(drafted, 1) if name != "plain" else None
-            else:  # plain greedy: one token per target forward, nothing drafted
-                row["mean_accepted_tokens"], row["acceptance_rate"] = 1.0, None
-            rows.append(row)
-    for row in rows:
-        row["speedup"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
+                passes[name].append(total_s)
+                outputs.setdefault(name, []).append(results)
+    greedy_tokens = [tok.cpu() for tok, _ in outputs[GREEDY][0]]
+    rows = []
+    for name in methods:
+        tokens = [tok.cpu() for tok, _ in outputs[name][0]]
+        stats = [s for _, s in outputs[name][0] if s is not None]  # every pass decodes the same tokens
+        identical = all(torch.equal(tok.cpu(), want) for results in outputs[name]
+                        for (tok, _), want in zip(results, greedy_tokens))
+        count = sum(t.numel() for t in tokens)
+        rates = [count / seconds for seconds in passes[name]]
+        greedy_count = sum(t.numel() for t in greedy_tokens)
+        speedups = [(count / seconds) / (greedy_count / base) for seconds, base in zip(passes[name], passes[GREEDY])]
+        row = {"strategy": name, "tokens": count, "time_s": statistics.median(passes[name]),
+               "first_call_s": first_call[name], "tokens_per_s": statistics.median(rates),
+               "tokens_per_s_passes": rates, "speedup": statistics.median(speedups), "speedup_passes": speedups,
+               "spread": spread(rates), "identical_to_greedy": identical,
+               "sample": pair.tokenizer.decode(tokens[0][0], skip_special_tokens=True),
+               "options": {k: v for k, v in pair.options.get(name, {}).items() if isinstance(v, (int, float, str))}}
+        row["noisy"] = row["spread"] > NOISY
+        if stats:
+            forwards = sum(s.target_forwards for s in stats)
+            drafted = sum(s.drafted_tokens for s in stats)
+            row["mean_accepted_tokens"] = sum(s.emitted_tokens for s in stats) / max(forwards, 1)
+            accepted = sum(s.accepted_tokens for s in stats)
+            # "plain" drafts nothing by design: no rate, rather than 0
+            row["acceptance_rate"] = accepted / max(drafted, 1) if name != "plain" else None
+        else:  # plain greedy: one token per target forward, nothing drafted
+            row["mean_accepted_tokens"], row["acceptance_rate"] = 1.0, None
+        rows.append(row)
     return rows
 
 
+def spread(values: list[float]) -> float:
+    """(max - min) / median: 0 for a steady measurement (and for a single pass, which shows no spread)."""
+    return (max(values) - min(values)) / statistics.median(values)
+
+
 def format_table(rows: list[dict]) -> str:
+    passes = len(rows[0]["tokens_per_s_passes"])
     lines = ["| strategy | tokens/s | speedup vs greedy | mean accepted tokens per target forward | acceptance rate "
-             "| identical to greedy | first call (s) |",
-             "|---|---|---|---|---|---|---|"]
+             f"| identical to greedy | first call (s) | spread of tokens/s over {passes} passes |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         rate = "-" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.2f}"
-        lines.append(f"| {LABELS.get(row['strategy'], row['strategy'])} | {row['tokens_per_s']:.1f} | {row['speedup']:.2f}x "
+        low, high = min(row["speedup_passes"]), max(row["speedup_passes"])
+        speedup = f"{row['speedup']:.2f}x" + (f" ({low:.2f}-{high:.2f})" if passes > 1 else "")
+        noise = f"{100 * row['spread']:.0f}%" + (" noisy" if row["noisy"] else "")
+        lines.append(f"| {LABELS.get(row['strategy'], row['strategy'])} | {row['tokens_per_s']:.1f} | {speedup} "
                      f"| {row['mean_accepted_tokens']:.2f} | {rate} | {'yes' if row['identical_to_greedy'] else 'no'} "
-                     f"| {row['first_call_s']:.2f} |")
+                     f"| {row['first_call_s']:.2f} | {noise} |")
     return "\n".join(lines)
 
 
-def describe(device: torch.device) -> str:
+def describe(device: torch.device, threads_chosen_by: str | None = None) -> str:
     if device.type == "cuda":
         return f"GPU {torch.cuda.get_device_name(device)} ({device})"
-    return f"CPU {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads; no GPU found)"
+    threads = torch.get_num_threads()
+    how = f", {threads_chosen_by}" if threads_chosen_by else ""
+    plural = "s" if threads != 1 else ""
+    return f"CPU {platform.processor() or platform.machine()} ({threads} thread{plural}{how}; no GPU found)"
 
 
 def run(args) -> int:
     if args.max_new_tokens < 1 or args.batch_size < 1:
         fail("--max-new-tokens and --batch-size must be at least 1")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        fail(f"--device {args.device}: CUDA is not available here")
+    if args.repeats < 1:
+        fail(f"--repeats {args.repeats}: expected at least 1 timed pass")
+    device = pick_device(args.device, fail)
+    threads = set_threads(args.threads, fail)
     dtype = getattr(torch, args.dtype)
-    print(f"device: {describe(device)}, {args.dtype}", flush=True)
+    print(f"device: {describe(device, threads)}, {args.dtype}", flush=True)
     pair = load_pair(args, device, dtype)
     prompts = tuple(args.prompt) if args.prompt else PROMPTS
     work = batches(pair.tokenizer, prompts, args.batch_size, device)
     print(f"models: {pair.source}", flush=True)
-    print(f"{len(work)} batch(es) x {args.batch_size} row(s) x {args.max_new_tokens} new tokens per method", flush=True)
+    print(f"{len(work)} batch(es) x {args.batch_size} row(s) x {args.max_new_tokens} new tokens per method, "
+          f"{args.repeats} timed pass(es)", flush=True)
     for name, why in pair.skipped.items():
         print(f"skipping {name}: {why}")
-    rows = run_all(pair, work, args.max_new_tokens, device)
+    rows = run_all(pair, work, args.max_new_tokens, device, args.repeats)
 
     print(f"\nprompt: {prompts[0]!r}")
     for row in rows:
@@ -272,10 +332,18 @@ def run(args) -> int:
     print(f"\n{LABELS[GREEDY]} is the baseline: the target's own `generate(do_sample=False)`; 'plain' is our "
           "engine with no draft (one target forward per token, the loop the strategies speed up). Lossless "
           "settings: speculative g=4, specdec top_beta=1, bild rollback_rule='exact', ppd k=3. Times are "
-          "synchronised; the first call (warm-up, incl. CUDA-graph capture) is not in tokens/s.")
+          "synchronised; the first call (warm-up, incl. CUDA-graph capture) is not in tokens/s. tokens/s and "
+          f"speed-up are medians over {args.repeats} interleaved passes (speed-up: min-max in brackets); spread = "
+          "(max - min) / median of tokens/s.")
+    noisy = [LABELS.get(row["strategy"], row["strategy"]) for row in rows if row["noisy"]]
+    if noisy:
+        print(f"\nnoisy: tokens/s of {', '.join(noisy)} varied by more than {NOISY:.0%} between passes: something "
+              "else is using this machine, so these speed-ups are not to be trusted (on a CPU: fewer --threads, "
+              "more --repeats, or a quiet machine)")
     if args.json:
         meta = {"device": describe(device), "dtype": args.dtype, "models": pair.source, "prompts": list(prompts),
-                "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "torch": torch.__version__,
+                "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                "threads": torch.get_num_threads() if device.type == "cpu" else None, "torch": torch.__version__,
                 "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(["specdec-kernels", *sys.argv[1:]]),
                 "skipped": pair.skipped}
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))

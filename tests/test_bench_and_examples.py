@@ -86,7 +86,8 @@ def test_ops_example_runs():
 
 
 def test_cli_info_prints_build_info():
-    done = subprocess.run([sys.executable, "-m", "specdec_kernels", "info"], check=True, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "specdec_kernels", "info", "--json"], check=True,
+                          capture_output=True, text=True)
     info = json.loads(done.stdout)
     assert info["version"] and "greedy_verify" in info["auto_backends"]
 

@@ -48,8 +48,9 @@ def table_rows(stdout: str) -> dict:
 
 def test_demo_on_a_models_folder_prints_every_strategy_identical_to_greedy(tiny_set, tmp_path):
     out = tmp_path / "demo.json"
-    done = demo("--models", tiny_set, "--max-new-tokens", 8, "--json", out)
-    assert done.stdout.startswith("device: CPU")
+    done = demo("--models", tiny_set, "--max-new-tokens", 8, "--repeats", 2, "--json", out)
+    assert done.stdout.startswith("device: CPU") and "(1 thread, OMP_NUM_THREADS;" in done.stdout.splitlines()[0]
+    assert "2 timed pass(es)" in done.stdout and "spread of tokens/s over 2 passes" in done.stdout
     assert TABLE_HEADER in done.stdout
     for name in STRATEGIES:
         assert f"== {name}  identical to greedy: yes" in done.stdout
@@ -60,6 +61,7 @@ def test_demo_on_a_models_folder_prints_every_strategy_identical_to_greedy(tiny_
 
     result = json.loads(out.read_text())
     assert result["meta"]["max_new_tokens"] == 8 and result["meta"]["batch_size"] == 1
+    assert result["meta"]["repeats"] == 2 and result["meta"]["threads"] == 1
     by_name = {row["strategy"]: row for row in result["rows"]}
     assert list(by_name) == ["greedy", "plain", *STRATEGIES]
     for row in by_name.values():
@@ -67,6 +69,10 @@ def test_demo_on_a_models_folder_prints_every_strategy_identical_to_greedy(tiny_
                 "first_call_s", "sample"} <= set(row)
         assert row["identical_to_greedy"] is True and row["tokens"] == 8 * 3  # three built-in prompts
         assert row["tokens_per_s"] > 0 and row["first_call_s"] > 0
+        assert len(row["tokens_per_s_passes"]) == len(row["speedup_passes"]) == 2  # one per timed pass
+        assert min(row["tokens_per_s_passes"]) <= row["tokens_per_s"] <= max(row["tokens_per_s_passes"])
+        assert row["noisy"] == (row["spread"] > demo_module.NOISY)
+    assert by_name["greedy"]["speedup_passes"] == [1.0, 1.0]
     assert by_name["greedy"]["speedup"] == 1.0 and by_name["greedy"]["acceptance_rate"] is None
     assert by_name["plain"]["mean_accepted_tokens"] == 1.0 and by_name["plain"]["acceptance_rate"] is None
     for name in STRATEGIES:
@@ -85,7 +91,7 @@ def test_demo_on_user_target_and_draft_with_mixed_prompts_in_a_batch(tiny_set, t
     out = tmp_path / "demo.json"
     done = demo("--target", user_checkpoint(tiny_set, tmp_path), "--draft", tiny_set / "draft", "--specdec-drafter",
                 tiny_set / "specdec_drafter", "--max-new-tokens", 4, "--batch-size", 3,
-                "--prompt", "x = 1\n", "--prompt", "def f(a, b):\n    return", "--json", out)
+                "--prompt", "x = 1\n", "--prompt", "def f(a, b):\n    return", "--repeats", 1, "--json", out)
     for name in STRATEGIES:
         assert f"== {name}  identical to greedy: yes" in done.stdout
     rows = json.loads(out.read_text())["rows"]
@@ -111,11 +117,29 @@ def test_demo_bad_path_exits_non_zero_with_a_clear_message():
     (["--target", "/nonexistent/target", "--draft", "/nonexistent/draft"], "--target /nonexistent/target: no such folder"),
     (["--target", "/nonexistent/target"], "--target and --draft go together"),
     (["--max-new-tokens", "0"], "--max-new-tokens and --batch-size must be at least 1"),
+    (["--repeats", "0"], "--repeats 0: expected at least 1 timed pass"),
+    (["--device", "banana"], "--device banana: expected cpu, cuda or cuda:N"),
+    (["--device", "cpu:1"], "--device cpu:1: the CPU takes no index"),
+    (["--threads", "-2"], "--threads -2: expected a positive number of threads"),
 ])
 def test_demo_bad_arguments_fail_clearly(args, message):
     with pytest.raises(SystemExit) as error:
         cli.main(["demo", *args])
     assert str(error.value).startswith(f"specdec-kernels demo: {message}")  # SystemExit(str): printed, status 1
+
+
+def test_table_shows_the_median_the_range_and_flags_a_noisy_method():
+    def row(name, rates, speedups):
+        return {"strategy": name, "tokens_per_s": sorted(rates)[1], "tokens_per_s_passes": rates,
+                "speedup": sorted(speedups)[1], "speedup_passes": speedups, "spread": demo_module.spread(rates),
+                "noisy": demo_module.spread(rates) > demo_module.NOISY, "mean_accepted_tokens": 1.0,
+                "acceptance_rate": None, "identical_to_greedy": True, "first_call_s": 0.1}
+    steady = row("greedy", [100.0, 104.0, 98.0], [1.0, 1.0, 1.0])
+    noisy = row("ppd", [60.0, 150.0, 58.0], [0.6, 1.5, 0.59])
+    assert steady["spread"] == pytest.approx(0.06) and noisy["spread"] == pytest.approx(1.53, abs=0.01)
+    cells = table_rows(demo_module.format_table([steady, noisy]))
+    assert cells["greedy (HF generate)"][1:3] == ["100.0", "1.00x (1.00-1.00)"] and cells["greedy (HF generate)"][7] == "6%"
+    assert cells["ppd"][1:3] == ["60.0", "0.60x (0.59-1.50)"] and cells["ppd"][7] == "153% noisy"
 
 
 def test_demo_on_a_folder_that_is_not_a_set_names_the_missing_parts(tmp_path):

@@ -1,5 +1,7 @@
 """`specdec_kernels.generate`: the public entry of every decoding strategy."""
 
+import inspect
+
 import torch
 
 from ..ops import _validate as check
@@ -16,6 +18,38 @@ def _strategies() -> dict:
     from .speculative import SpeculativeDecoder
     return {"speculative": SpeculativeDecoder, "bild": BildDecoder, "specdec": SpecDecDecoder, "ppd": PPDDecoder,
             "plain": PlainDecoder}
+
+
+def strategy_options(name: str) -> list[str]:
+    """The keywords strategy `name` accepts (its constructor's, less the target)."""
+    return [option for option in inspect.signature(_strategies()[name]).parameters if option != "target"]
+
+
+def _check_options(name: str, options: dict) -> None:
+    accepted = strategy_options(name)
+    unknown = [option for option in options if option not in accepted]
+    if unknown:
+        check.fail(OP, f"strategy {name!r} has no option {', '.join(map(repr, unknown))}; its options: "
+                       f"{', '.join(accepted) or 'none'}", TypeError)
+
+
+def _check_positions(model, role: str, input_ids, attention_mask, max_new_tokens) -> None:
+    """A rotary model places any position, so nothing stops a decode past the positions it was trained
+    for: refuse prompt + max_new_tokens beyond config.max_position_embeddings, as HF's learned
+    position tables (checked by the engine) would."""
+    config = getattr(model, "config", None)
+    limit = getattr(config, "max_position_embeddings", None)
+    if (not isinstance(limit, int) or getattr(config, "is_encoder_decoder", False)
+            or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2
+            or not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool)):
+        return  # encoder-decoders place only generated tokens (the engine checks those); bad input: the engine says
+    longest = input_ids.shape[1]
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.shape == input_ids.shape and longest:
+        longest = int(attention_mask.sum(-1).max())
+    if longest + max_new_tokens > limit:
+        check.fail(OP, f"the longest prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) = "
+                       f"{longest + max_new_tokens} positions exceeds the {role} model's {limit} "
+                       "(config.max_position_embeddings): shorten the prompt or lower max_new_tokens")
 
 
 @torch.no_grad()
@@ -57,13 +91,18 @@ def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch
         table = _strategies()
         if strategy not in table:
             check.fail(OP, f"unknown strategy {strategy!r}; available: {', '.join(sorted(table))}")
+        _check_options(strategy, strategy_options)
         strategy = table[strategy](target, **strategy_options)
     elif not isinstance(strategy, Strategy):
         check.fail(OP, f"`strategy` must be a name or a Strategy object (got {type(strategy).__name__})", TypeError)
     elif strategy_options:
         check.fail(OP, f"options {sorted(strategy_options)} go to the strategy's constructor, not to generate()")
+    _check_positions(target, "target", input_ids, attention_mask, max_new_tokens)
+    draft = getattr(strategy, "draft_model", None)
+    if isinstance(draft, torch.nn.Module):
+        _check_positions(draft, "draft", input_ids, attention_mask, max_new_tokens)
     sampling = Sampling(bool(do_sample), float(temperature), top_k, top_p)
-    with restored_attention(target, getattr(strategy, "draft_model", None)):
+    with restored_attention(target, draft):
         engine = Engine(target, strategy, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                         sampling=sampling, eos_token_id=eos_token_id, pad_token_id=pad_token_id, seed=seed,
                         backend=backend, cuda_graphs=cuda_graphs, named_strategy=named)

@@ -21,6 +21,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from .. import ops
 from ..ops import _validate as check
 from .attention import TreeStep, tree_positions
+from .cache_keyword import MODEL_CACHE_KEYWORD
 
 
 class SpecCacheLayer(CacheLayerMixin):
@@ -116,7 +117,7 @@ class SpecCache(Cache):
 
     def forward_kwargs(self, num_tokens: int, parents: Tensor | None = None) -> dict:
         """Keywords for a plain HF forward on this cache: `model(input_ids, **cache.forward_kwargs(N, parents))`."""
-        return {"past_key_values": self, "use_cache": True, "position_ids": self.positions(num_tokens, parents),
+        return {MODEL_CACHE_KEYWORD: self, "use_cache": True, "position_ids": self.positions(num_tokens, parents),
                 "specdec_step": self.step(parents)}
 
     def write(self, layer: int, key_states: Tensor, value_states: Tensor) -> None:

@@ -5,6 +5,7 @@ from torch import Tensor
 
 from .adapter_base import ModelAdapter
 from .cache import SpecCache
+from .cache_keyword import cache_keyword
 
 
 class RotaryDecoderAdapter(ModelAdapter):
@@ -18,6 +19,7 @@ class RotaryDecoderAdapter(ModelAdapter):
         body = model.model
         self.embeddings, self.layers, self.final_norm = body.embed_tokens, body.layers, body.norm
         self.rotary = body.rotary_emb
+        self.cache_keyword = cache_keyword(self.layers[0].forward)
         self.lm_head = model.lm_head
 
     def cache_shape(self) -> tuple[int, int, int]:
@@ -29,7 +31,7 @@ class RotaryDecoderAdapter(ModelAdapter):
         return self.embeddings(tokens)
 
     def layer_kwargs(self, hidden: Tensor, positions: Tensor, cache: SpecCache, parents: Tensor | None) -> dict:
-        return {"attention_mask": None, "position_ids": positions, "past_key_values": cache, "use_cache": True,
+        return {"attention_mask": None, "position_ids": positions, self.cache_keyword: cache, "use_cache": True,
                 "position_embeddings": self.rotary(hidden, positions), "specdec_step": cache.step(parents)}
 
 
@@ -44,6 +46,7 @@ class GPT2Adapter(ModelAdapter):
         self.embeddings, self.position_embeddings = body.wte, body.wpe
         self.layers, self.final_norm, self.lm_head = body.h, body.ln_f, model.lm_head
         self.dropout = body.drop
+        self.cache_keyword = cache_keyword(self.layers[0].forward)
 
     def cache_shape(self) -> tuple[int, int, int]:
         config = self.config
@@ -56,4 +59,4 @@ class GPT2Adapter(ModelAdapter):
         return self.dropout(self.embeddings(tokens) + self.position_embeddings(positions))
 
     def layer_kwargs(self, hidden: Tensor, positions: Tensor, cache: SpecCache, parents: Tensor | None) -> dict:
-        return {"attention_mask": None, "past_key_values": cache, "use_cache": True, "specdec_step": cache.step(parents)}
+        return {"attention_mask": None, self.cache_keyword: cache, "use_cache": True, "specdec_step": cache.step(parents)}

@@ -11,6 +11,7 @@ from transformers.masking_utils import create_bidirectional_mask
 from ..ops import _validate as check
 from .adapter_base import ModelAdapter
 from .cache import SpecCache
+from .cache_keyword import cache_keyword
 
 
 @dataclass
@@ -42,6 +43,7 @@ class BartAdapter(ModelAdapter):
         self.embeddings, self.position_table = decoder.embed_tokens, decoder.embed_positions
         self.embedding_norm, self.layers = decoder.layernorm_embedding, decoder.layers
         self.final_norm, self.lm_head = torch.nn.Identity(), model.lm_head  # BART has no norm after the last layer
+        self.cache_keyword = cache_keyword(self.layers[0].forward)
 
     def cache_shape(self) -> tuple[int, int, int]:
         config = self.config
@@ -75,7 +77,7 @@ class BartAdapter(ModelAdapter):
                                                attention_mask=encoder.attention_mask,
                                                encoder_hidden_states=encoder.hidden)
         return {"attention_mask": None, "encoder_hidden_states": encoder.hidden, "encoder_attention_mask": cross_mask,
-                "past_key_values": EncoderDecoderCache(cache, encoder.cross_cache), "use_cache": True,
+                self.cache_keyword: EncoderDecoderCache(cache, encoder.cross_cache), "use_cache": True,
                 "specdec_step": cache.step(parents)}
 
     def logits(self, hidden: Tensor) -> Tensor:
