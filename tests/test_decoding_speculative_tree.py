@@ -6,6 +6,8 @@ the same test rejects siblings verified without the residual update; after tree 
 exactly what a plain forward over the committed tokens writes; the tree is well formed; the default is
 the chain; bad K / N fail with one line naming them."""
 
+import json
+
 import pytest
 import torch
 
@@ -280,3 +282,17 @@ def test_bad_tree_options_fail_with_one_line(sampling_models, options, message):
         specdec_kernels.generate(target, torch.tensor([PROMPT]), strategy="speculative", draft_model=draft,
                                  num_draft_tokens=3, max_new_tokens=2, **options)
     assert "\n" not in str(error.value)
+
+
+def test_cli_option_turns_trees_on(tmp_path_factory, tmp_path):
+    """`specdec-kernels generate --option tree_topk=3 --option tree_nodes=6` goes through the generic --option path."""
+    from default_models_support import save_tiny_default_models
+    from specdec_kernels import cli
+    models = save_tiny_default_models(tmp_path_factory.mktemp("tiny_default_models"))
+    out = tmp_path / "generate.json"
+    status = cli.main(["generate", "--models", str(models), "--max-new-tokens", "6", "--json", str(out), "--prompt",
+                       "def f(a, b):", "--prompt", "x = 1", "--check", "--option", "tree_topk=3", "--option",
+                       "tree_nodes=6"])
+    stats = json.loads(out.read_text())["stats"]
+    assert status == 0 and stats["identical_to_target_generate"] is True
+    assert stats["options"]["tree_topk"] == 3 and stats["tree_topk"] == 3 and stats["tree_nodes"] == 6
