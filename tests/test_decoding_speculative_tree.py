@@ -296,3 +296,20 @@ def test_cli_option_turns_trees_on(tmp_path_factory, tmp_path):
     stats = json.loads(out.read_text())["stats"]
     assert status == 0 and stats["identical_to_target_generate"] is True
     assert stats["options"]["tree_topk"] == 3 and stats["tree_topk"] == 3 and stats["tree_nodes"] == 6
+
+
+def test_e2e_bench_tree_rows(tmp_path, monkeypatch):
+    """bench/e2e.py --trees K,N adds ours_spec_tree rows (greedy equal to HF's, tokens per forward vs the chain)."""
+    from pathlib import Path
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    monkeypatch.syspath_prepend(str(bench))
+    import e2e
+    e2e.main(["--smoke", "--no-default", "--noise", "0.3", "--modes", "greedy", "--trees", "2,4", "3,40",
+              "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "e2e.json").read_text())["rows"]
+    trees = [r for r in rows if r["method"] == "ours_spec_tree"]
+    assert [(r["batch"], r["tree"]) for r in trees] == [(1, "2,4"), (2, "2,4")]  # 3,40 does not fit depth 3 (3 + 2 * 9 nodes)
+    for row in trees:
+        assert row["status"] == "ok" and row["matches_hf_greedy"] is True and row["vs_chain"] > 0
+        assert 1 <= row["mean_accepted"] <= row["gamma"] + 1 and "theory_speedup" not in row
+    assert "| ours_spec_tree | False | 3 | 2,4 | ok |" in (tmp_path / "e2e.md").read_text()
