@@ -1,5 +1,5 @@
 """Token trees for strategy `speculative` (tree_topk=K, tree_nodes=N) on tiny fp32 models (CPU):
-greedy output is token-identical to HF's greedy generate (Llama and GPT-2, batch 1 and 4 left-padded,
+greedy output is token-identical to HF's greedy generate (Llama, GPT-2 and BART, batch 1 and 4 left-padded,
 several (DEPTH, K, N), torch and Triton-interpreter backends, per-row EOS); sampled output follows the
 target's exact distribution over the first two tokens (chi-square, with temperature + top-k + top-p) and
 the same test rejects siblings verified without the residual update; after tree steps both caches hold
@@ -68,6 +68,16 @@ def test_greedy_tree_on_triton(pair):
     ids, mask = left_padded([4, 2], seed=4)
     out = tree_generate(target, draft, ids, mask, tree=(2, 2, 4), backend="triton")
     assert torch.equal(out.sequences, hf_greedy(target, ids, mask))
+
+
+def test_greedy_tree_on_an_encoder_decoder_pair(tmp_path):
+    target, draft = make_pair("bart", tmp_path, noise=0.06)
+    ids, mask = left_padded([6, 3, 5], seed=1, pad=1)
+    expected = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=1,
+                               forced_bos_token_id=None, forced_eos_token_id=None)  # plain argmax decoding
+    out = specdec_kernels.generate(target, ids, attention_mask=mask, strategy="speculative", draft_model=draft,
+                                   num_draft_tokens=2, tree_topk=3, tree_nodes=8, max_new_tokens=NEW, pad_token_id=1)
+    assert torch.equal(out.sequences, expected)
 
 
 def test_tree_accepts_more_than_the_chain_of_its_depth(pair):
