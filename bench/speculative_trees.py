@@ -3,7 +3,7 @@ over a grid of (DEPTH = num_draft_tokens, K = tree_topk, N = tree_nodes), on the
 (or --models PATH) and every --pair TARGET DRAFT.
 
 Per (pair, mode, DEPTH, K, N): tokens_per_forward = emitted tokens / target forwards (summed over rows)
-on --accept-prompts prompts in one call (greedy: deterministic; sampling: seeded, temperature 1, no
+on --accept-prompts prompts in one call (greedy: deterministic; sampling: seeded, --temperatures, no
 filter), its ratio to the chain of the same depth (K = 1, N = DEPTH), and tokens/s at each --batch-sizes,
 median and min-max of --repeats calls per configuration, the configurations interleaved within each repeat
 (so a noisy neighbour on a shared machine slows all of them alike). Greedy rows also say whether the
@@ -41,6 +41,7 @@ def parse_args(argv):
                         help="local HF model folders (repeatable)")
     parser.add_argument("--depths", type=int, nargs="+", default=None, help="DEPTH values (default: 2 3 4)")
     parser.add_argument("--modes", nargs="+", default=["greedy", "sampling"], choices=["greedy", "sampling"])
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[1.0], help="sampling temperatures")
     parser.add_argument("--accept-prompts", type=int, default=16, help="prompts of the tokens-per-forward call")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4], help="batches timed for tokens/s")
     parser.add_argument("--prompt-length", type=int, default=16)
@@ -60,11 +61,13 @@ def parse_args(argv):
     return args
 
 
-def call(pair, ids, depth: int, k: int, n: int, args, do_sample: bool):
+def call(pair, ids, depth: int, k: int, n: int, args, temperature: float | None):
+    """One generate call; temperature None is greedy."""
     return specdec_kernels.generate(pair.target, ids, strategy="speculative", draft_model=pair.draft,
                                     num_draft_tokens=depth, tree_topk=k, tree_nodes=n,
                                     max_new_tokens=args.max_new_tokens, eos_token_id=[], pad_token_id=0, seed=0,
-                                    do_sample=do_sample, cuda_graphs=False)
+                                    do_sample=temperature is not None, temperature=temperature or 1.0,
+                                    cuda_graphs=False)
 
 
 def sync(device: torch.device) -> None:
@@ -77,9 +80,10 @@ def run_pair(pair, args, device) -> list[dict]:
         return [{"pair": pair.name, "status": "skipped", "error": pair.skip}]
     rows = []
     accept_ids = pair.prompts[:args.accept_prompts].to(device)
-    for mode in args.modes:
-        sampling = mode == "sampling"
-        greedy = None if sampling else pair.target.generate(accept_ids, max_new_tokens=args.max_new_tokens,
+    modes = [(mode, None) for mode in args.modes if mode == "greedy"]
+    modes += [(f"sampling T={t}", t) for t in args.temperatures if "sampling" in args.modes]
+    for mode, sampling in modes:
+        greedy = None if sampling is not None else pair.target.generate(accept_ids, max_new_tokens=args.max_new_tokens,
                                                             do_sample=False, pad_token_id=0)
         by_config, chain = {}, {}
         for depth, k, n in args.grid:

@@ -294,13 +294,17 @@ def test_bad_tree_options_fail_with_one_line(sampling_models, options, message):
     assert "\n" not in str(error.value)
 
 
-def test_cli_option_turns_trees_on(tmp_path_factory, tmp_path):
-    """`specdec-kernels generate --option tree_topk=3 --option tree_nodes=6` goes through the generic --option path."""
+@pytest.fixture(scope="module")
+def tiny_set(tmp_path_factory):
     from default_models_support import save_tiny_default_models
+    return save_tiny_default_models(tmp_path_factory.mktemp("tiny_default_models"))
+
+
+def test_cli_option_turns_trees_on(tiny_set, tmp_path):
+    """`specdec-kernels generate --option tree_topk=3 --option tree_nodes=6` goes through the generic --option path."""
     from specdec_kernels import cli
-    models = save_tiny_default_models(tmp_path_factory.mktemp("tiny_default_models"))
     out = tmp_path / "generate.json"
-    status = cli.main(["generate", "--models", str(models), "--max-new-tokens", "6", "--json", str(out), "--prompt",
+    status = cli.main(["generate", "--models", str(tiny_set), "--max-new-tokens", "6", "--json", str(out), "--prompt",
                        "def f(a, b):", "--prompt", "x = 1", "--check", "--option", "tree_topk=3", "--option",
                        "tree_nodes=6"])
     stats = json.loads(out.read_text())["stats"]
@@ -323,3 +327,21 @@ def test_e2e_bench_tree_rows(tmp_path, monkeypatch):
         assert row["status"] == "ok" and row["matches_hf_greedy"] is True and row["vs_chain"] > 0
         assert 1 <= row["mean_accepted"] <= row["gamma"] + 1 and "theory_speedup" not in row
     assert "| ours_spec_tree | False | 3 | 2,4 | ok |" in (tmp_path / "e2e.md").read_text()
+
+
+def test_trees_bench_writes_the_grid(tiny_set, tmp_path, monkeypatch):
+    """bench/speculative_trees.py --smoke: chain and tree rows per mode, vs_chain against the chain, JSON + markdown."""
+    from pathlib import Path
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import speculative_trees
+    speculative_trees.main(["--smoke", "--models", str(tiny_set), "--temperatures", "0.5", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "speculative_trees_cpu.json").read_text())
+    rows = result["rows"]
+    assert [(r["mode"], r["tree_topk"], r["tree_nodes"]) for r in rows] == [
+        ("greedy", 1, 2), ("greedy", 2, 4), ("sampling T=0.5", 1, 2), ("sampling T=0.5", 2, 4)]
+    for row in rows:
+        chain = next(r for r in rows if r["mode"] == row["mode"] and r["tree_topk"] == 1)
+        assert row["vs_chain"] == pytest.approx(row["tokens_per_forward"] / chain["tokens_per_forward"], abs=2e-3)
+        assert row["tok_s_b1"] > 0 and row.get("matches_greedy", True) is True
+    assert {"date", "device", "command", "best_trees"} <= set(result["meta"])
+    assert "| default | greedy | 2 | 2 | 4 |" in (tmp_path / "speculative_trees_cpu.md").read_text()
