@@ -345,3 +345,29 @@ def test_trees_bench_writes_the_grid(tiny_set, tmp_path, monkeypatch):
         assert row["tok_s_b1"] > 0 and row.get("matches_greedy", True) is True
     assert {"date", "device", "command", "best_trees"} <= set(result["meta"])
     assert "| default | greedy | 2 | 2 | 4 |" in (tmp_path / "speculative_trees_cpu.md").read_text()
+
+
+def test_tree_steps_replay_kept_graphs(pair):
+    """cuda_graphs=True under the CPU fake of torch.cuda graphs (tests/test_graph_sessions.py): the tree's draft
+    and verify steps are captured once, a second call with other prompts replays them (reading only tensors the
+    graphs hold), and both calls equal greedy; rows finish at different steps (EOS) with static shapes."""
+    from specdec_kernels.decoding import clear_graph_cache, graphs
+    from test_graph_sessions import FakeGraphs
+    target, draft = pair
+    backend = FakeGraphs()
+    clear_graph_cache()
+    try:
+        with graphs.use_backend(backend):
+            later_ids, later_mask = left_padded([2, 6, 4], seed=12)
+            eos = int(hf_greedy(target, later_ids, later_mask)[0, later_ids.shape[1] + 3])  # EOS is in the key
+            ids, mask = left_padded([7, 3, 5], seed=11)
+            first = tree_generate(target, draft, ids, mask, tree=(3, 3, 8), cuda_graphs=True, eos_token_id=eos)
+            assert torch.equal(first.sequences, hf_greedy(target, ids, mask, eos_token_id=eos))
+            captured = len(backend.captures)
+            assert captured >= 1 and backend.replays > 0
+            ids, mask = later_ids, later_mask
+            second = tree_generate(target, draft, ids, mask, tree=(3, 3, 8), cuda_graphs=True, eos_token_id=eos)
+            assert len(backend.captures) == captured
+            assert torch.equal(second.sequences, hf_greedy(target, ids, mask, eos_token_id=eos))
+    finally:
+        clear_graph_cache()
