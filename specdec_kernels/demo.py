@@ -279,8 +279,8 @@ def run(args) -> int:
     print(format_table(rows))
     print(f"\n{LABELS[GREEDY]} is the baseline: the target's own `generate(do_sample=False)`; 'plain' is our "
           "engine with no draft (one target forward per token, the loop the strategies speed up). Lossless "
-          "settings: speculative g=4 (tree: K=3, N=12), specdec top_beta=1, bild rollback_rule='exact', ppd k=3. Times are "
-          "synchronised; the first call (warm-up, incl. CUDA-graph capture) is not in tokens/s.")
+          "settings: speculative g=4 (tree: K=3, N=12), specdec top_beta=1, bild rollback_rule='exact', ppd k=3. "
+          "Times are synchronised; the first call (warm-up, incl. CUDA-graph capture) is not in tokens/s.")
     if args.json:
         meta = {"device": describe(device), "dtype": args.dtype, "models": pair.source, "prompts": list(prompts),
                 "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "torch": torch.__version__,

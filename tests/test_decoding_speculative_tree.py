@@ -322,7 +322,8 @@ def test_e2e_bench_tree_rows(tmp_path, monkeypatch):
               "--out", str(tmp_path)])
     rows = json.loads((tmp_path / "e2e.json").read_text())["rows"]
     trees = [r for r in rows if r["method"] == "ours_spec_tree"]
-    assert [(r["batch"], r["tree"]) for r in trees] == [(1, "2,4"), (2, "2,4")]  # 3,40 does not fit depth 3 (3 + 2 * 9 nodes)
+    # 3,40 does not fit depth 3 (at most 3 + 2 * 9 nodes)
+    assert [(r["batch"], r["tree"]) for r in trees] == [(1, "2,4"), (2, "2,4")]
     for row in trees:
         assert row["status"] == "ok" and row["matches_hf_greedy"] is True and row["vs_chain"] > 0
         assert 1 <= row["mean_accepted"] <= row["gamma"] + 1 and "theory_speedup" not in row
