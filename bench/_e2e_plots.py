@@ -20,6 +20,8 @@ def _label(row: dict) -> str:
         parts.append("graphs")
     if row.get("gamma") and row["method"] != "ours_plain":
         parts.append(f"g={row['gamma']}")
+    if row.get("tree"):
+        parts.append(f"tree {row['tree']}")
     return " ".join(parts)
 
 

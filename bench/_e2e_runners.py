@@ -87,14 +87,17 @@ def hf_method(kind: str, target, draft, ids, max_new_tokens: int, do_sample: boo
     return lambda: target.generate(ids, **kwargs)
 
 
-def ours_method(kind: str, target, draft, ids, max_new_tokens: int, do_sample: bool, gamma: int, graphs: bool):
-    """A zero-argument callable running our engine: "ours_spec" (speculative) or "ours_plain" (greedy)."""
+def ours_method(kind: str, target, draft, ids, max_new_tokens: int, do_sample: bool, gamma: int, graphs: bool,
+                tree: tuple[int, int] | None = None):
+    """A zero-argument callable running our engine: "ours_spec" (speculative; a token tree with
+    tree=(tree_topk, tree_nodes)) or "ours_plain" (greedy)."""
     options = dict(max_new_tokens=max_new_tokens, eos_token_id=[], pad_token_id=0, seed=0,
                    cuda_graphs=None if graphs else False)
     if kind == "ours_plain":
         return lambda: specdec_kernels.generate(target, ids, strategy="plain", **options)
     return lambda: specdec_kernels.generate(target, ids, strategy="speculative", draft_model=draft,
                                             num_draft_tokens=gamma, **options,
+                                            **({} if tree is None else dict(tree_topk=tree[0], tree_nodes=tree[1])),
                                             **sampling_kwargs(do_sample, hf=False))
 
 

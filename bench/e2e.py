@@ -7,6 +7,9 @@ Methods (bench/_e2e_runners.py says exactly what each one runs):
     ours_spec         specdec_kernels.generate(strategy="speculative"), CUDA graphs on a GPU ("graphs" column)
     ours_plain        our plain greedy: the same engine with a zero-token draft (Leviathan's baseline)
     ours_plain_draft  the same plain loop on the draft model (gives the cost ratio c)
+    ours_spec_tree    ours_spec with a token tree (--trees K,N: tree_topk=K, tree_nodes=N at depth gamma); its
+                      mean_accepted is tokens per target forward, vs_chain its ratio to ours_spec's (Leviathan's
+                      theory is a chain's, so the theory columns stay empty)
 Pairs: synthetic aligned pairs at each --noise level (bench/_e2e_pairs.py; TinyLlama-1.1B-shaped 22-layer
 target and 2-layer draft on a GPU, small shapes on the CPU), the embedded default pair (or --models PATH),
 and every --pair TARGET DRAFT. Batch sizes x greedy/sampling x gamma.
@@ -37,9 +40,9 @@ from _e2e_pairs import (CPU_SHAPE, SMOKE_SHAPE, TINYLLAMA_SHAPE, AlignedPair, Pa
 from _report import write_report  # noqa: E402  (bench/ is on sys.path)
 
 HF_METHODS = ("hf_dynamic", "hf_static", "hf_assisted")
-COLS = ["pair", "noise", "batch", "mode", "method", "graphs", "gamma", "status", "tok_s", "first_call_s",
+COLS = ["pair", "noise", "batch", "mode", "method", "graphs", "gamma", "tree", "status", "tok_s", "first_call_s",
         "second_call_s", "alpha", "acceptance_rate", "mean_accepted", "c", "theory_speedup", "speedup_vs_plain", "measured_over_theory",
-        "speedup_vs_hf_static", "matches_hf_greedy", "error"]
+        "speedup_vs_hf_static", "vs_chain", "matches_hf_greedy", "error"]
 
 
 def parse_args(argv):
@@ -48,6 +51,8 @@ def parse_args(argv):
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--modes", nargs="+", default=["greedy", "sampling"], choices=["greedy", "sampling"])
     parser.add_argument("--gammas", type=int, nargs="+", default=[4], help="num_draft_tokens values")
+    parser.add_argument("--trees", nargs="*", default=[], metavar="K,N",
+                        help="token trees (tree_topk,tree_nodes) run as ours_spec_tree rows at every gamma")
     parser.add_argument("--noise", type=float, nargs="*", default=None,
                         help="synthetic pair noise levels (std in units of the init range); none = no synthetic pair")
     parser.add_argument("--target-layers", type=int, default=None, help="synthetic target layers (GPU: 22)")
@@ -75,6 +80,12 @@ def parse_args(argv):
         args.noise = [0.0, 0.1, 0.3, 1.0]
     args.max_new_tokens = args.max_new_tokens or (128 if gpu else 48)
     args.shape = TINYLLAMA_SHAPE if gpu and not args.smoke else SMOKE_SHAPE if args.smoke else CPU_SHAPE
+    try:
+        args.trees = [tuple(int(v) for v in tree.split(",")) for tree in args.trees]
+    except ValueError:
+        parser.error("--trees takes K,N pairs of ints, e.g. --trees 3,12 2,8")
+    if any(len(tree) != 2 for tree in args.trees):
+        parser.error("--trees takes K,N pairs of ints, e.g. --trees 3,12 2,8")
     args.target_layers = args.target_layers or (22 if gpu and not args.smoke else 4 if args.smoke else 8)
     return args
 
@@ -165,6 +176,34 @@ def run_pair(pair: Pair, args, device, static_tok_s: dict, first_level: bool) ->
                         if hf_greedy is not None:
                             row["matches_hf_greedy"] = bool(torch.equal(new_tokens(out, ids.shape[1]), hf_greedy))
                     rows.append(row)
+            rows += tree_rows(pair, args, device, ids, at_mode, rows, graph_modes, hf_greedy)
+    return rows
+
+
+def tree_rows(pair: Pair, args, device, ids, at_mode: dict, done: list[dict], graph_modes, hf_greedy) -> list[dict]:
+    """ours_spec_tree rows: each --trees (K, N) that fits depth gamma (N <= K + (gamma - 1) K^2)."""
+    rows = []
+    for gamma in args.gammas:
+        chain = {r["graphs"]: r.get("mean_accepted") for r in done
+                 if r.get("method") == "ours_spec" and r.get("gamma") == gamma and r.get("mode") == at_mode["mode"]}
+        for k, n in args.trees:
+            if n > k + (gamma - 1) * k * k:
+                continue
+            for graphs in graph_modes:
+                row, out = measure({**at_mode, "method": "ours_spec_tree", "graphs": graphs, "gamma": gamma,
+                                    "tree": f"{k},{n}"},
+                                   run.ours_method("ours_spec", pair.target, pair.draft, ids, args.max_new_tokens,
+                                                   at_mode["mode"] == "sampling", gamma, graphs, tree=(k, n)),
+                                   device, args)
+                if out is not None:
+                    stats = out.stats
+                    row.update(acceptance_rate=round(stats.acceptance_rate, 4),
+                               mean_accepted=round(stats.mean_accepted_tokens, 3))
+                    if chain.get(graphs):
+                        row["vs_chain"] = round(stats.mean_accepted_tokens / chain[graphs], 3)
+                    if hf_greedy is not None:
+                        row["matches_hf_greedy"] = bool(torch.equal(new_tokens(out, ids.shape[1]), hf_greedy))
+                rows.append(row)
     return rows
 
 

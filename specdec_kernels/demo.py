@@ -36,6 +36,8 @@ PROMPTS = (
     "class Stack:\n    def __init__(self):\n        ",
 )
 STRATEGIES = ("plain", "speculative", "specdec", "bild", "ppd")
+TREE = "speculative tree"  # speculative's draft proposing a token tree (tree_topk, tree_nodes) instead of a chain
+TREE_OPTIONS = dict(tree_topk=3, tree_nodes=12)
 GREEDY = "greedy"  # the baseline users know: the target's own HF generate loop
 LABELS = {GREEDY: "greedy (HF generate)", "plain": "plain (our engine, no draft)"}
 SAMPLE_CHARS = 120
@@ -77,6 +79,10 @@ class Pair:
     options: dict
     skipped: dict = field(default_factory=dict)  # strategy -> why
     source: str = ""
+
+    def __post_init__(self):
+        if "speculative" in self.options:  # the chain's row and the tree's row share the draft and depth
+            self.options[TREE] = dict(self.options["speculative"], **TREE_OPTIONS)
 
 
 def load_pair(args, device: torch.device, dtype: torch.dtype, *, draft_required: bool = True,
@@ -205,12 +211,14 @@ def decoders(pair: Pair, max_new_tokens: int, pad: int) -> dict:
     def strategy(name):
         def run(batch):
             out = specdec_kernels.generate(pair.target, batch["input_ids"], attention_mask=batch["attention_mask"],
-                                           strategy=name, **common, **pair.options[name])
+                                           strategy="speculative" if name == TREE else name, **common,
+                                           **pair.options[name])
             return out.sequences[:, batch["input_ids"].shape[1]:], out.stats
         return run
 
     table = {GREEDY: greedy}
-    table.update({name: strategy(name) for name in STRATEGIES if name in pair.options})
+    order = [n for name in STRATEGIES for n in ((name, TREE) if name == "speculative" else (name,))]  # tree after chain
+    table.update({name: strategy(name) for name in order if name in pair.options})
     return table
 
 
@@ -331,7 +339,7 @@ def run(args) -> int:
     print(format_table(rows))
     print(f"\n{LABELS[GREEDY]} is the baseline: the target's own `generate(do_sample=False)`; 'plain' is our "
           "engine with no draft (one target forward per token, the loop the strategies speed up). Lossless "
-          "settings: speculative g=4, specdec top_beta=1, bild rollback_rule='exact', ppd k=3. Times are "
+          "settings: speculative g=4 (tree: K=3, N=12), specdec top_beta=1, bild rollback_rule='exact', ppd k=3. Times are "
           "synchronised; the first call (warm-up, incl. CUDA-graph capture) is not in tokens/s. tokens/s and "
           f"speed-up are medians over {args.repeats} interleaved passes (speed-up: min-max in brackets); spread = "
           "(max - min) / median of tokens/s.")

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # what each example must print (its lossless run equals the target's greedy output)
 EXPECTED = {
     "generate_speculative.py": ["speculative == target greedy: True", "bild == target greedy: True"],
+    "generate_speculative_tree.py": ["chain == target greedy: True", "tree == target greedy: True"],
     "generate_specdec.py": ["specdec (top_beta=1, tau=0.0) == target greedy: True"],
     "generate_bild.py": ["bild (exact) == target greedy: True", "bild (nll) == target greedy:"],
     "generate_ppd.py": ["ppd (head Y) == target greedy: True"],

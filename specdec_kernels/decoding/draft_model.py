@@ -64,6 +64,24 @@ class DraftModel:
         self.cache.commit()
         return fit_vocab(logits, self.vocab)
 
+    def root_logits(self, tokens: Tensor) -> Tensor:
+        """Tree drafting: [B, V_target] logits after feeding tokens [B, N] ([prev, root] or [root]),
+        committing all but the root, which every tree forward feeds again as its node 0."""
+        logits = self.adapter.verify(tokens.clamp(max=self.max_id), self.cache)[:, -1]
+        self.cache.commit(tokens.shape[1] - 1)
+        return fit_vocab(logits, self.vocab)
+
+    def tree_logits(self, tokens: Tensor, parents: Tensor) -> Tensor:
+        """[B, M, V_target] logits of a tree forward (node i written at seq_lens + i, not committed)."""
+        return fit_vocab(self.adapter.verify(tokens.clamp(max=self.max_id), self.cache, parents), self.vocab)
+
+    def compact(self, engine, keep: Tensor, nothing: Tensor) -> None:
+        """After a tree step: keep the nodes `keep` [B, M] of the last tree forward (root first, -1
+        padded; rows in `nothing` drop even the root); finished rows keep their lengths."""
+        self.cache.compact(keep)
+        lengths = self.cache.seq_lens
+        lengths.copy_(torch.where(engine.finished, self.start, lengths - nothing.to(lengths.dtype)))
+
     def rollback(self, engine, num_accepted: Tensor, num_forwards: int) -> None:
         """Keep committed-minus-two; finished rows keep their lengths (static shapes, no overflow)."""
         self.cache.crop(num_forwards - num_accepted)

@@ -9,6 +9,13 @@ Options:
       batch-wide so shapes stay static: g += 2 when every unfinished row accepted all g drafts,
       else g -= 1, within [1, max_draft_tokens]). Each new g is one more CUDA-graph capture.
   max_draft_tokens: the heuristic's ceiling (default 2 * num_draft_tokens).
+  tree_topk (K, default 1), tree_nodes (N, default num_draft_tokens): token trees
+      (draft_tree.py). Each of the num_draft_tokens levels expands the K most probable children of
+      the K best nodes so far; the N nodes of highest cumulative draft probability form each row's
+      tree, verified by the target in one forward (ops.tree_greedy_verify, or
+      ops.tree_rejection_sample with the top-K siblings as one-hot drafts: lossless in both
+      modes); both caches keep the accepted path (kv_compact). K = 1, N = num_draft_tokens is
+      the chain above. Trees need schedule="constant" and lenience=1.
   lenience: l in (0, 1], Appendix A.5 of the paper, LOSSY for l < 1. Sampling: q is scaled by l
       before the comparison (accept with min(1, p / (l q))), and the residual is
       norm(max(0, p - l q)); no token is emitted with probability above p(x) / l. Greedy: the
@@ -27,6 +34,7 @@ from torch import Tensor
 
 from .. import ops
 from ..ops import _validate as check
+from . import draft_tree
 from .draft_model import TwoModelStrategy
 from .engine import OP, Engine, Proposal, weight_addresses
 from .standardize import standardize
@@ -39,7 +47,8 @@ class SpeculativeDecoder(TwoModelStrategy):
     name = "speculative"
 
     def __init__(self, target=None, draft_model=None, *, num_draft_tokens: int = 5, schedule: str = "constant",
-                 max_draft_tokens: int | None = None, lenience: float = 1.0):
+                 max_draft_tokens: int | None = None, lenience: float = 1.0, tree_topk: int = 1,
+                 tree_nodes: int | None = None):
         super().__init__(target, draft_model)
         self.g = self.initial_g = check.positive_int(OP, "num_draft_tokens", num_draft_tokens)
         if schedule not in ("constant", "heuristic"):
@@ -51,24 +60,35 @@ class SpeculativeDecoder(TwoModelStrategy):
         self.lenience = check.real_number(OP, "lenience", lenience)
         if not 0 < self.lenience <= 1:
             check.fail(OP, f"`lenience` must be in (0, 1] (1 = exact; got {lenience})")
+        self.tree = draft_tree.tree_shape(self.g, tree_topk, tree_nodes)
+        if not self.tree.chain and schedule != "constant":
+            check.fail(OP, "`schedule` must be 'constant' with a token tree (tree_topk > 1 or tree_nodes != "
+                           f"num_draft_tokens; got {schedule!r})")
+        if not self.tree.chain and self.lenience != 1:
+            check.fail(OP, f"`lenience` must be 1 with a token tree (tree verification is exact; got {lenience})")
 
     # ---- engine interface --------------------------------------------------------------------
 
     def start(self, engine: Engine) -> None:
         self.g = self.initial_g
+        if self.tree.topk > engine.vocab:
+            check.fail(OP, f"`tree_topk`={self.tree.topk} exceeds the vocabulary ({engine.vocab})")
         super().start(engine)
 
     def num_draft_tokens(self) -> int:
-        return self.g
+        return self.g if self.tree.chain else self.tree.nodes
 
     def graph_key(self):
         return (self.name, id(self.draft_model), weight_addresses(self.draft_model), self.initial_g, self.schedule,
-                self.g_max, self.lenience)
+                self.g_max, self.lenience, self.tree.topk, self.tree.nodes)
 
     def max_draft_tokens(self) -> int:
-        return self.g_max
+        # a tree step writes N + 1 target and up to 1 + (DEPTH - 1) * K draft entries past the committed ones
+        return self.g_max if self.tree.chain else max(self.tree.nodes, self.tree.draft_nodes)
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
+        if not self.tree.chain:
+            return self.propose_tree(engine, first)
         feed = self.draft.begin(engine, first)
         offsets = engine.offsets
         tokens, probs = [], []
@@ -81,6 +101,8 @@ class SpeculativeDecoder(TwoModelStrategy):
         return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
 
     def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
+        if not self.tree.chain:
+            return self.accept_tree(engine, proposal, logits)
         if not engine.sampling.do_sample:
             if self.lenience < 1:
                 return ops.relaxed_verify(logits, proposal.tokens, top_beta=logits.shape[-1],
@@ -95,3 +117,49 @@ class SpeculativeDecoder(TwoModelStrategy):
     def end_step(self, all_accepted: bool) -> None:
         if self.schedule == "heuristic":
             self.g = min(self.g + 2, self.g_max) if all_accepted else max(self.g - 1, 1)
+
+    # ---- token trees (tree_topk, tree_nodes) ----------------------------------------------------
+
+    def propose_tree(self, engine: Engine, first: bool) -> Proposal:
+        """Proposal(tokens [B, N], num_draft = DEPTH (accepted positions are path depths),
+        extra [B, 2, N + 1] = (parents, each node's index in the draft's last tree forward))."""
+        draft, sampling = self.draft, engine.sampling
+        root_logprobs = draft_tree.draft_log_probs(draft.root_logits(draft.begin(engine, first)), sampling)
+        tree = draft_tree.grow_tree(self.tree, engine.root, root_logprobs, draft.tree_logits,
+                                    lambda logits: draft_tree.draft_log_probs(logits, sampling))
+        return Proposal(tree.tokens, num_draft=torch.full_like(engine.root, self.tree.depth),
+                        extra=torch.stack([tree.parents, tree.draft_node], dim=1))
+
+    def tree_parents(self, engine: Engine, proposal: Proposal) -> Tensor | None:
+        return None if self.tree.chain else proposal.extra[:, 0]
+
+    def accept_tree(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """Greedy: the longest path matching the target's argmax. Sampling: the top-K siblings are
+        deterministic, so each is verified as a one-hot draft (the op's residual update after each
+        rejected sibling keeps the output exactly the target's distribution)."""
+        tokens = torch.cat([engine.root.unsqueeze(1), proposal.tokens], dim=1)
+        parents = proposal.extra[:, 0]
+        if not engine.sampling.do_sample:
+            out, num_accepted, self.accepted_nodes = ops.tree_greedy_verify(
+                logits, tokens, parents, max_depth=self.tree.depth, backend=engine.backend)
+            return out, num_accepted
+        target_probs = standardize(logits, engine.sampling)
+        one_hot = torch.nn.functional.one_hot(tokens, target_probs.shape[-1]).to(target_probs.dtype)
+        out, num_accepted, self.accepted_nodes = ops.tree_rejection_sample(
+            target_probs, one_hot, tokens, parents, seed=engine.seeds, offsets=engine.offsets,
+            max_depth=self.tree.depth, backend=engine.backend)
+        return out, num_accepted
+
+    def commit_target(self, engine: Engine, proposal: Proposal, num_accepted: Tensor) -> None:
+        if self.tree.chain:
+            return super().commit_target(engine, proposal, num_accepted)
+        engine.cache.compact(self.accepted_nodes)
+
+    def after_accept(self, engine: Engine, proposal: Proposal, num_accepted: Tensor) -> None:
+        if self.tree.chain:
+            return super().after_accept(engine, proposal, num_accepted)
+        keep = draft_tree.draft_keep(self.accepted_nodes, num_accepted, proposal.extra[:, 1])
+        self.draft.compact(engine, keep, num_accepted == 0)
+
+    def report(self, engine: Engine) -> dict:
+        return {} if self.tree.chain else {"tree_topk": self.tree.topk, "tree_nodes": self.tree.nodes}

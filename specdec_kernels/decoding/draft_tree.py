@@ -1,0 +1,158 @@
+"""Token trees drafted by a small model for strategy `speculative` (tree_topk=K, tree_nodes=N,
+num_draft_tokens=DEPTH): dynamic per-row trees in the manner of EAGLE-2, with static shapes.
+
+One step, every row at once (tensor ops only: no host sync, shapes fixed by (DEPTH, K, N)):
+  level 1: the draft's forward over [prev, root] gives the root's distribution; its K most
+      probable tokens are the level-1 candidates and the first beam.
+  level d = 2..DEPTH: one draft forward over the tree [root, beam_1, ..., beam_{d-1}] (tree
+      attention on the draft's SpecCache; nothing committed) gives the distribution after each
+      node of beam_{d-1}; each expands its K most probable children (K*K candidates), and the K
+      of highest cumulative draft log-probability form beam_d.
+  tree: the N candidates of highest cumulative log-probability. A child never scores above its
+      parent (it adds a log-probability <= 0) and ties go to the earlier candidate, so the N
+      hold all their ancestors; kept in candidate order, parents come before children and
+      siblings in draft-probability order (the order the verify ops try them in).
+The cumulative score uses the distribution the draft would sample from (the standardised q when
+sampling, the softmax of its logits when greedy); which tokens form the tree never affects
+exactness, only how many are accepted.
+
+The draft forwards' node list [root, beam_1, ..., beam_{DEPTH-1}] only grows, so node i of the
+last forward sits at the draft cache's seq_lens + i: after the target's verdict, `draft_keep`
+names the accepted path's nodes there for kv_compact. Every non-leaf tree node is a beam node,
+so the draft holds K/V for every accepted node but the last (which the draft-cache invariant
+does not keep anyway).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..ops import _validate as check
+from .engine import OP
+from .standardize import Sampling, standardize
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """depth = num_draft_tokens, topk = tree_topk, nodes = tree_nodes (the root not counted)."""
+
+    depth: int
+    topk: int
+    nodes: int
+
+    @property
+    def chain(self) -> bool:
+        """K = 1 and N = DEPTH: today's chain of sampled (or argmax) drafts, not a tree."""
+        return self.topk == 1 and self.nodes == self.depth
+
+    @property
+    def candidates(self) -> int:
+        return self.topk + (self.depth - 1) * self.topk * self.topk
+
+    @property
+    def draft_nodes(self) -> int:
+        """Tokens of the widest draft forward: the root and DEPTH - 1 beams."""
+        return 1 + (self.depth - 1) * self.topk
+
+
+def tree_shape(depth: int, topk, nodes) -> TreeShape:
+    """Validated (DEPTH, K, N); nodes None means DEPTH (with K = 1, the chain)."""
+    topk = check.positive_int(OP, "tree_topk", topk)
+    nodes = depth if nodes is None else check.positive_int(OP, "tree_nodes", nodes)
+    shape = TreeShape(depth, topk, nodes)
+    if nodes > shape.candidates:
+        check.fail(OP, f"`tree_nodes` must be <= {shape.candidates}, the nodes DEPTH={depth} levels of "
+                       f"tree_topk={topk} can draft (K + (DEPTH - 1) * K^2; got {nodes})")
+    return shape
+
+
+def draft_log_probs(logits: Tensor, sampling: Sampling) -> Tensor:
+    """float32 log-probabilities [..., V] the tree is ranked by (-inf for filtered tokens)."""
+    if not sampling.do_sample:
+        return torch.log_softmax(logits.float(), dim=-1)
+    return torch.log(standardize(logits, sampling))
+
+
+@dataclass
+class Tree:
+    """One step's tree per row. tokens [B, N] (the nodes after the root); parents [B, N + 1]
+    (ops.tree_verify's format, node 0 = root); draft_node [B, N + 1]: each node's index in the
+    draft's last forward (the root 0; -1 for leaves the draft never fed)."""
+
+    tokens: Tensor
+    parents: Tensor
+    draft_node: Tensor
+
+
+def grow_tree(shape: TreeShape, root: Tensor, root_logprobs: Tensor, forward, log_probs) -> Tree:
+    """Draft the tree level by level.
+
+    Args:
+        root: [B] int64, the root tokens; root_logprobs: [B, V] the draft's log q after the root.
+        forward: (tokens [B, M], parents [B, M]) -> draft logits [B, M, V] of a tree forward.
+        log_probs: logits -> log-probabilities (draft_log_probs with the call's sampling).
+    """
+    k = shape.topk
+    batch = root.shape[0]
+    device = root.device
+    scores, tokens = torch.topk(root_logprobs, k, dim=-1)  # [B, K], best first
+    cand_tokens, cand_scores = [tokens], [scores]
+    cand_parent = [torch.full((batch, k), -1, dtype=torch.int64, device=device)]  # -1: the root
+    beam_cand = torch.arange(k, device=device).expand(batch, k)  # candidate index of each beam node
+    beam_tokens, beam_scores = tokens, scores
+    node_tokens = [root.unsqueeze(1), tokens]  # the draft forwards' nodes: root, then the beams
+    node_parents = [torch.full((batch, 1), -1, dtype=torch.int64, device=device),
+                    torch.zeros(batch, k, dtype=torch.int64, device=device)]
+    cand_node = [torch.arange(1, k + 1, device=device).expand(batch, k)]  # draft node of each candidate
+    base = k  # candidates so far
+    for level in range(2, shape.depth + 1):
+        logits = forward(torch.cat(node_tokens, dim=1), torch.cat(node_parents, dim=1))
+        first_beam_node = 1 + (level - 2) * k
+        top_scores, top_tokens = torch.topk(log_probs(logits[:, first_beam_node:]), k, dim=-1)  # [B, K, K]
+        scores = (beam_scores.unsqueeze(2) + top_scores).flatten(1)  # [B, K*K]
+        tokens = top_tokens.flatten(1)
+        cand_tokens.append(tokens)
+        cand_scores.append(scores)
+        cand_parent.append(beam_cand.unsqueeze(2).expand(batch, k, k).flatten(1))
+        if level < shape.depth:  # the next beam, fed to the next forward
+            beam_scores, pick = torch.topk(scores, k, dim=-1)
+            beam_tokens = tokens.gather(1, pick)
+            beam_cand = base + pick
+            node_tokens.append(beam_tokens)
+            node_parents.append(first_beam_node + pick // k)
+            first_new = 1 + (level - 1) * k
+            cand_node.append(torch.full((batch, k * k), -1, dtype=torch.int64, device=device)
+                             .scatter(1, pick, torch.arange(first_new, first_new + k, device=device).expand(batch, k)))
+        else:
+            cand_node.append(torch.full((batch, k * k), -1, dtype=torch.int64, device=device))
+        base += k * k
+    return select_nodes(shape, torch.cat(cand_tokens, 1), torch.cat(cand_scores, 1), torch.cat(cand_parent, 1),
+                        torch.cat(cand_node, 1))
+
+
+def select_nodes(shape: TreeShape, tokens: Tensor, scores: Tensor, parent: Tensor, draft_node: Tensor) -> Tree:
+    """The N best candidates ([B, C] each; parent = candidate index or -1 for the root) as a Tree."""
+    batch = tokens.shape[0]
+    device = tokens.device
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices  # ties: earlier first
+    chosen = torch.sort(order[:, :shape.nodes], dim=1).values  # candidate order: parents first
+    node_of = torch.full_like(tokens, -1).scatter(
+        1, chosen, torch.arange(1, shape.nodes + 1, device=device).expand(batch, shape.nodes))
+    parent_cand = parent.gather(1, chosen)
+    parents = torch.where(parent_cand < 0, 0, node_of.gather(1, parent_cand.clamp(min=0)))
+    minus_one = torch.full((batch, 1), -1, dtype=torch.int64, device=device)
+    return Tree(tokens.gather(1, chosen), torch.cat([minus_one, parents], dim=1),
+                torch.cat([torch.zeros_like(minus_one), draft_node.gather(1, chosen)], dim=1))
+
+
+def draft_keep(accepted_nodes: Tensor, num_accepted: Tensor, draft_node: Tensor) -> Tensor:
+    """The draft cache's kv_compact path [B, DEPTH]: the root and the accepted nodes but the last,
+    as draft-forward node indices (-1 padded). A row that accepted nothing keeps its root entry
+    here; the caller takes it off again (kv_compact wants the root first)."""
+    depth = accepted_nodes.shape[1] - 1
+    path = accepted_nodes[:, :depth]
+    nodes = draft_node.gather(1, path.clamp(min=0))
+    j = torch.arange(depth, device=path.device).unsqueeze(0)
+    keep = (j < num_accepted.unsqueeze(1)) | (j == 0)
+    return torch.where(keep, nodes, -1)
