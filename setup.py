@@ -1,15 +1,17 @@
 """Build `specdec_kernels._C` from csrc/ with nvcc through ninja.
 
 The module is a plain pybind11 extension over raw device pointers: no torch C++ headers,
-so it builds in about a minute on a machine without a GPU and runs with any torch version.
+so it builds on a machine without a GPU (131 s of CPU time for sm_80 + sm_90 with nvcc 13.0: README, Install)
+and runs with any torch version.
 
 Environment:
   SPECDEC_NO_CUDA=1          skip the CUDA module (Python-only install)
   SPECDEC_CUDA_ARCHS="80;90" SM versions to compile for (PTX of the highest is added)
-  SPECDEC_REQUIRE_CUDA=1     fail the install instead of falling back when nvcc fails (CI)
+  SPECDEC_REQUIRE_CUDA=1     fail the install instead of falling back when nvcc (or ninja, pybind11) is missing or fails
   CUDA_HOME / CUDA_PATH      where the toolkit lives (else /usr/local/cuda, else nvcc on PATH)
 """
 
+import importlib.util
 import os
 import shlex
 import shutil
@@ -50,6 +52,10 @@ def find_ninja() -> str | None:
     except ImportError:
         pass
     return shutil.which("ninja")
+
+
+def has_pybind11() -> bool:
+    return importlib.util.find_spec("pybind11") is not None  # its headers build the module's C++ side
 
 
 def parse_archs(text: str) -> list[str]:
@@ -130,9 +136,16 @@ class NinjaCudaBuild(build_ext):
                 raise RuntimeError(msg)
             log(msg)
             return
+        # Without build isolation the environment may lack the build tools: that is a failed
+        # CUDA build like any other (Python-only fallback), unless SPECDEC_REQUIRE_CUDA=1.
         ninja = find_ninja()
-        if ninja is None:
-            raise RuntimeError("ninja is required to build the CUDA module (pip install ninja)")
+        missing = [name for name, found in (("ninja", ninja), ("pybind11", has_pybind11())) if not found]
+        if missing:
+            msg = f"{' and '.join(missing)} not found (pip install {' '.join(missing)}): installing the Python-only package."
+            if required:
+                raise RuntimeError(msg)
+            log(msg)
+            return
         archs = parse_archs(os.environ.get("SPECDEC_CUDA_ARCHS", DEFAULT_ARCHS))
         output = Path(self.get_ext_fullpath(ext.name)).resolve()
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -150,6 +163,9 @@ class NinjaCudaBuild(build_ext):
 
 
 setup(
-    ext_modules=[Extension("specdec_kernels._C", sources=[])],
+    # optional=True: when the module is not built (no nvcc, SPECDEC_NO_CUDA=1, a failed build),
+    # setuptools' editable install skips copying it instead of failing with "can't copy
+    # .../_C...so: doesn't exist" (tests/test_install_fallback.py covers every install mode).
+    ext_modules=[Extension("specdec_kernels._C", sources=[], optional=True)],
     cmdclass={"build_ext": NinjaCudaBuild},
 )
