@@ -17,8 +17,9 @@ For each model pair and batch size this script
        bookkeeping    everything else: the engine's (or HF generate's) own loop
   3. checks that plain and speculative greedy output equals HF's, token for token.
 Speculative's expected speedup over plain is Leviathan's (1 - a^(g+1)) / ((1 - a)(g c + 1)), with a the
-measured acceptance (accepted / drafted) and c = (draft forward time) / (target forward time), both
-from this run ("leviathan" column; "spec_vs_plain" is the measured one).
+acceptance rate whose (1 - a^(g+1)) / (1 - a) equals the measured tokens per target forward, and c the
+draft's plain time per token over the target's (same loop, same batch), both from this run
+("leviathan" column; "spec_vs_plain" is the measured speedup, per round).
 
 Pairs: "default" (the embedded default target and draft, text prompts) and "wide" (a 6-layer x 384
 Llama built here, 12.6 M parameters, random init, with a 1-layer draft sharing its first layer,
@@ -63,7 +64,7 @@ def parse_args(argv):
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompt-length", type=int, default=16)
     parser.add_argument("--gamma", type=int, default=4, help="num_draft_tokens of `speculative`")
-    parser.add_argument("--noise", type=float, default=1.0, help="the wide pair's noise (lower: higher acceptance)")
+    parser.add_argument("--noise", type=float, default=0.05, help="the wide pair's noise (lower: higher acceptance)")
     parser.add_argument("--repeats", type=int, default=7, help="timed rounds (after one warm-up round)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--smoke", action="store_true", help="a tiny random pair, batch 1 and 2, 6 tokens (CI)")
@@ -238,24 +239,45 @@ def hook_points(sections: Sections, target) -> list:
     return patches
 
 
-def breakdown(fn, target, tokens: int) -> dict:
-    """ms per emitted token in each part, from one call with the hooks on."""
-    sections = Sections()
-    with patched(hook_points(sections, target)):
-        start = time.perf_counter()
-        fn()
-        total = time.perf_counter() - start
-    parts = {p: sections.totals.get(p, 0.0) for p in PARTS}
+def breakdown(fn, target, tokens: int, calls: int = 3) -> dict:
+    """ms per emitted token in each part: of `calls` calls with the hooks on, the fastest (the one
+    other processes disturbed least)."""
+    best = None
+    for _ in range(calls):
+        sections = Sections()
+        with patched(hook_points(sections, target)):
+            start = time.perf_counter()
+            fn()
+            total = time.perf_counter() - start
+        if best is None or total < best[0]:
+            best = (total, sections.totals)
+    total, totals = best
+    parts = {p: totals.get(p, 0.0) for p in PARTS}
     parts["bookkeeping"] = total - sum(v for k, v in parts.items() if k != "bookkeeping")
     return {f"{p}_ms": round(1e3 * v / tokens, 4) for p, v in parts.items()}
 
 
 # ---- one pair --------------------------------------------------------------------------------
 
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Leviathan et al. Eq. 1: expected tokens per target forward, (1 - a^(g+1)) / (1 - a)."""
+    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def alpha_of(tokens_per_forward: float, gamma: int) -> float:
+    """The acceptance rate a whose expected_tokens(a, g) is the measured tokens per forward
+    (bisection: expected_tokens grows with a)."""
+    low, high = 0.0, 1.0
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if expected_tokens(mid, gamma) < tokens_per_forward else (low, mid)
+    return (low + high) / 2
+
+
 def leviathan(alpha: float, gamma: int, c: float) -> float:
-    """Expected speedup of speculative over plain decoding (Leviathan et al., Theorem 3.8)."""
-    per_forward = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return per_forward / (gamma * c + 1)
+    """Expected speedup of speculative over plain decoding (Leviathan et al., Theorem 3.8):
+    (1 - a^(g+1)) / ((1 - a)(g c + 1))."""
+    return expected_tokens(alpha, gamma) / (gamma * c + 1)
 
 
 def run_pair(name, target, draft, prompts, args) -> list[dict]:
@@ -269,8 +291,8 @@ def run_pair(name, target, draft, prompts, args) -> list[dict]:
         tokens = batch * args.max_new_tokens
         hf_tokens = outputs["hf_greedy"][0]
         stats = outputs["speculative"][1]
-        drafted = stats.drafted_tokens
-        alpha = stats.accepted_tokens / drafted if drafted else 0.0
+        per_forward = stats.emitted_tokens / max(stats.target_forwards, 1)
+        alpha = alpha_of(per_forward, args.gamma)
         # c: the draft's plain time per token over the target's (same loop, same batch)
         c = statistics.median(times["plain_draft"]) / statistics.median(times["plain"])
         for method in METHODS:
@@ -289,7 +311,7 @@ def run_pair(name, target, draft, prompts, args) -> list[dict]:
             if method == "speculative":
                 per_step = [r / s for r, s in zip(times["plain"], seconds)]
                 row.update(alpha=round(alpha, 3), c=round(c, 3),
-                           tokens_per_forward=round(stats.emitted_tokens / max(stats.target_forwards, 1), 3),
+                           tokens_per_forward=round(per_forward, 3),
                            leviathan=round(leviathan(alpha, args.gamma, c), 3),
                            spec_vs_plain=round(statistics.median(per_step), 3))
             rows.append(row)

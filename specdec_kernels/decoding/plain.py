@@ -5,6 +5,7 @@ fast plain decoder in its own right: greedy output equals the target's `generate
 sampled output follows the target's standardised distribution with the engine's per-row Philox seeds.
 """
 
+import torch
 from torch import Tensor
 
 from .. import ops
@@ -40,6 +41,10 @@ class PlainDecoder(Strategy):
     def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
         # the verification ops with zero drafts are exactly argmax / a draw from the target's row
         if not engine.sampling.do_sample:
+            if engine.backend == "auto":  # greedy_verify of no drafts, without the op's cost per token
+                last = logits[:, -1].float()
+                token = torch.argmax(last.masked_fill(last.isnan(), float("-inf")), dim=-1)  # NaN never wins
+                return token.unsqueeze(1), torch.zeros_like(token)
             return ops.greedy_verify(logits, proposal.tokens, backend=engine.backend)
         target_probs = standardize(logits, engine.sampling)
         no_drafts = target_probs.new_zeros(target_probs.shape[0], 0, target_probs.shape[-1])

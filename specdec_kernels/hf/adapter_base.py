@@ -10,6 +10,7 @@ ops.tree_attention through the `specdec_tree` attention implementation.
 """
 
 import abc
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +75,16 @@ class ModelAdapter(abc.ABC):
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def cache_keyword(self) -> str:
+        """The decoder layers' name for the cache: `cache` where they take it (transformers >= 5.2x
+        renamed `past_key_values`, whose deprecation shim then costs a warning check per layer call)."""
+        keyword = self.__dict__.get("_cache_keyword")
+        if keyword is None:
+            parameters = inspect.signature(self.layers[0].forward).parameters if len(self.layers) else {}
+            keyword = self.__dict__["_cache_keyword"] = "cache" if "cache" in parameters else "past_key_values"
+        return keyword
 
     def new_cache(self, batch_size: int, max_length: int, *, dtype: torch.dtype | None = None,
                   device: torch.device | str | None = None) -> SpecCache:

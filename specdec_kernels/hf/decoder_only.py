@@ -29,7 +29,7 @@ class RotaryDecoderAdapter(ModelAdapter):
         return self.embeddings(tokens)
 
     def layer_kwargs(self, hidden: Tensor, positions: Tensor, cache: SpecCache, parents: Tensor | None) -> dict:
-        return {"attention_mask": None, "position_ids": positions, "past_key_values": cache, "use_cache": True,
+        return {"attention_mask": None, "position_ids": positions, self.cache_keyword: cache, "use_cache": True,
                 "position_embeddings": self.rotary(hidden, positions), "specdec_step": cache.step(parents)}
 
 
@@ -56,4 +56,4 @@ class GPT2Adapter(ModelAdapter):
         return self.dropout(self.embeddings(tokens) + self.position_embeddings(positions))
 
     def layer_kwargs(self, hidden: Tensor, positions: Tensor, cache: SpecCache, parents: Tensor | None) -> dict:
-        return {"attention_mask": None, "past_key_values": cache, "use_cache": True, "specdec_step": cache.step(parents)}
+        return {"attention_mask": None, self.cache_keyword: cache, "use_cache": True, "specdec_step": cache.step(parents)}
