@@ -223,6 +223,7 @@ class Engine:
         self.seeds = self.keep("seeds", (int(seed) & 0xFFFFFFFF) | (rows << 32))  # one Philox key per request
         self.eos_ids = self.keep("eos_ids", self.eos_ids)
         self.row_ids = rows.clone()  # active row -> row of the output
+        self._position_rows = {}
 
     def session_key(self, strategy: Strategy, target, named: bool):
         """What the captured graphs bake in besides kept tensors: the models, the strategy's
@@ -322,42 +323,69 @@ class Engine:
         """Target forward over [root, drafts], the strategy's accept rule, cache rollback and the
         row bookkeeping, all on the device; returns the flags the host reads."""
         proposal = Proposal(tokens, probs, num_draft, extra)
-        g = tokens.shape[1]
         logits = self.target.verify(torch.cat([self.root.unsqueeze(1), tokens], dim=1), self.cache,
                                     self.strategy.tree_parents(self, proposal))
         out, num_accepted = self.strategy.accept(self, proposal, logits)
-        before = self.cache.seq_lens.clone()
-        self.strategy.commit_target(self, proposal, num_accepted)
-        self.cache.seq_lens.copy_(torch.where(self.finished, before, self.cache.seq_lens))
+        if self.graphs.enabled:  # finished rows stay in the batch: their lengths must not move
+            before = self.cache.seq_lens.clone()
+            self.strategy.commit_target(self, proposal, num_accepted)
+            self.cache.seq_lens.copy_(torch.where(self.finished, before, self.cache.seq_lens))
+        else:  # eager: finished rows were dropped after the step that finished them, so every row is active
+            self.strategy.commit_target(self, proposal, num_accepted)
         self.strategy.after_accept(self, proposal, num_accepted)
-        self.record(out, num_accepted, num_draft if num_draft is not None else torch.full_like(num_accepted, g))
+        self.record(out, num_accepted, num_draft)
         return self.flags
 
-    def record(self, out: Tensor, num_accepted: Tensor, num_draft: Tensor) -> None:
-        """Append each row's new tokens (cut at EOS and at max_new_tokens), update roots, flags, counts."""
+    def record(self, out: Tensor, num_accepted: Tensor, num_draft: Tensor | None) -> None:
+        """Append each row's new tokens (cut at EOS and at max_new_tokens), update roots, flags, counts.
+        num_draft [B] (ragged drafts) or None (every row drafted g). Without EOS ids, or without
+        drafts (plain decoding: one token per row), the ops that would compute constants are skipped:
+        on the CPU each op costs microseconds per token."""
         g = out.shape[1] - 1
-        j = torch.arange(g + 1, device=self.device).unsqueeze(0)
+        j = self._positions(g + 1)
         active = ~self.finished
         emitted = num_accepted + 1
-        is_eos = torch.isin(out, self.eos_ids) & (j < emitted.unsqueeze(1))
-        first_eos = torch.where(is_eos.any(dim=1), is_eos.to(torch.int8).argmax(dim=1), g + 1)
-        keep = torch.minimum(torch.minimum(emitted, first_eos + 1), self.budget - self.num_generated)
-        keep = torch.where(active, keep, torch.zeros_like(keep))
+        keep = torch.minimum(emitted, self.budget - self.num_generated)
+        if self.eos:
+            is_eos = torch.isin(out, self.eos_ids) & (j < emitted.unsqueeze(1))
+            first_eos = torch.where(is_eos.any(dim=1), is_eos.to(torch.int8).argmax(dim=1), g + 1)
+            keep = torch.minimum(keep, first_eos + 1)
+        keep = keep * active
         kept = j < keep.unsqueeze(1)
         self.generated.scatter_(1, self.num_generated.unsqueeze(1) + j, torch.where(kept, out, self.pad))
-        done = (is_eos & kept).any(dim=1) | (self.num_generated + keep >= self.budget)
+        done = self.num_generated + keep >= self.budget
+        if self.eos:
+            done |= (is_eos & kept).any(dim=1)
         self.num_generated.add_(keep)
-        history = torch.cat([self.prev.unsqueeze(1), self.root.unsqueeze(1), out.clamp(min=0)], dim=1)
-        self.prev.copy_(history.gather(1, (num_accepted + 1).unsqueeze(1)).squeeze(1))
-        self.root.copy_(history.gather(1, (num_accepted + 2).unsqueeze(1)).squeeze(1))
-        drafted = (j[:, :g] < num_draft.unsqueeze(1)) & active.unsqueeze(1)
-        accepted = (j[:, :g] < num_accepted.unsqueeze(1)) & active.unsqueeze(1)
-        self.drafted_at[:g] += drafted.sum(dim=0)
-        self.accepted_at[:g] += accepted.sum(dim=0)
-        self.counts += torch.stack([active.sum(), keep.sum(), accepted.sum()])
-        all_accepted = ((num_accepted >= num_draft) | ~active).all()
-        self.finished.copy_(self.finished | done)
+        if g == 0:  # the history below, gathered at 1 and 2: the root becomes prev, the token the root
+            self.prev.copy_(self.root)
+            self.root.copy_(out[:, 0].clamp(min=0))
+            self.counts[:2] += torch.stack([active.sum(), keep.sum()])
+            all_accepted = torch.ones((), dtype=torch.bool, device=self.device)  # zero drafts, all accepted
+        else:
+            history = torch.cat([self.prev.unsqueeze(1), self.root.unsqueeze(1), out.clamp(min=0)], dim=1)
+            self.prev.copy_(history.gather(1, (num_accepted + 1).unsqueeze(1)).squeeze(1))
+            self.root.copy_(history.gather(1, (num_accepted + 2).unsqueeze(1)).squeeze(1))
+            if num_draft is None:
+                num_draft = torch.full_like(num_accepted, g)
+            drafted = (j[:, :g] < num_draft.unsqueeze(1)) & active.unsqueeze(1)
+            accepted = (j[:, :g] < num_accepted.unsqueeze(1)) & active.unsqueeze(1)
+            self.drafted_at[:g] += drafted.sum(dim=0)
+            self.accepted_at[:g] += accepted.sum(dim=0)
+            self.counts += torch.stack([active.sum(), keep.sum(), accepted.sum()])
+            all_accepted = ((num_accepted >= num_draft) | ~active).all()
+        self.finished |= done
         self.flags.copy_(torch.cat([self.finished, all_accepted.unsqueeze(0)]))
+
+    def _positions(self, width: int) -> Tensor:
+        """[1, width] int64 0..width-1, made once per width on the CPU (a GPU step may be captured in a
+        CUDA graph kept past this engine: it makes its own)."""
+        if self.device.type != "cpu":
+            return torch.arange(width, device=self.device).unsqueeze(0)
+        positions = self._position_rows.get(width)
+        if positions is None:
+            positions = self._position_rows[width] = torch.arange(width, device=self.device).unsqueeze(0)
+        return positions
 
     # ---- the loop ----------------------------------------------------------------------------
 

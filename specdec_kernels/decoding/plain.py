@@ -38,12 +38,16 @@ class PlainDecoder(Strategy):
     def propose(self, engine: Engine, first: bool) -> Proposal:
         return Proposal(engine.root.new_zeros(engine.root.shape[0], 0))
 
+    def commit_target(self, engine: Engine, proposal: Proposal, num_accepted: Tensor) -> None:
+        # rollback(num_accepted) with no drafts keeps the one token fed: commit it (no op call, no checks)
+        engine.cache.commit(1)
+
     def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
         # the verification ops with zero drafts are exactly argmax / a draw from the target's row
         if not engine.sampling.do_sample:
             if engine.backend == "auto":  # greedy_verify of no drafts, without the op's cost per token
-                last = logits[:, -1].float()
-                token = torch.argmax(last.masked_fill(last.isnan(), float("-inf")), dim=-1)  # NaN never wins
+                inf = float("inf")  # NaN never wins (as in greedy_verify); infinities stay as they are
+                token = torch.argmax(torch.nan_to_num(logits[:, -1].float(), nan=-inf, posinf=inf, neginf=-inf), dim=-1)
                 return token.unsqueeze(1), torch.zeros_like(token)
             return ops.greedy_verify(logits, proposal.tokens, backend=engine.backend)
         target_probs = standardize(logits, engine.sampling)
