@@ -286,7 +286,7 @@ class Engine:
         if self.encoder_decoder:
             adapter.encode(fit(self.input_ids), cache, attention_mask=self.source_mask)
         if self.prompts.shape[1] > 1:
-            adapter.prefill(fit(self.prompts[:, :-1]), cache, self.prompt_lengths - 1)
+            adapter.prefill(fit(self.prompts[:, :-1]), cache, self.prompt_lengths - 1, logits=False)
         return cache
 
     def setup(self) -> None:

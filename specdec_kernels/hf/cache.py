@@ -136,9 +136,10 @@ class SpecCache(Cache):
                 and key_states.device == value_states.device == storage.device):
             self._write_error(key_states, value_states)
         index = self._write_index(shape[2])
-        with torch.no_grad():  # an inference cache: it must not chain autograd graphs across steps
-            self.keys[layer].scatter_(2, index, key_states)
-            self.values[layer].scatter_(2, index, value_states)
+        if torch.is_grad_enabled():  # an inference cache: it must not chain autograd graphs across steps
+            key_states, value_states = key_states.detach(), value_states.detach()
+        self.keys[layer].scatter_(2, index, key_states)
+        self.values[layer].scatter_(2, index, value_states)
 
     def _write_error(self, key_states: Tensor, value_states: Tensor) -> None:
         """The one-line error of a write whose K/V do not fit the cache."""
