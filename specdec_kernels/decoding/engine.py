@@ -51,6 +51,9 @@ class Strategy(abc.ABC):
     """What a decoding strategy supplies to the engine (it owns the draft model and its cache)."""
 
     name = "strategy"
+    # True: greedy decoding of a decoder-only target takes the first token from the prefill's logits
+    # (accept() with zero drafts on them) instead of a first step that re-feeds the last prompt token
+    first_token_from_prefill = False
 
     def start(self, engine: "Engine") -> None:
         """Prepare the draft side for engine's batch (adapters, caches, prefill)."""
@@ -274,10 +277,11 @@ class Engine:
                            f"positions exceeds the {role} model's {limit}: shorten the prompt or max_new_tokens")
         return min(self.span + extra, limit) if limit is not None else self.span + extra
 
-    def new_cache(self, adapter, role: str, max_id: int | None = None):
+    def new_cache(self, adapter, role: str, max_id: int | None = None, *, whole_prompt: bool = False):
         """A SpecCache for `adapter` holding every prompt token but the last (the root);
         encoder-decoders run their encoder first. max_id clamps the ids it is fed (a draft
-        with a smaller embedding table)."""
+        with a smaller embedding table). whole_prompt: every prompt token, and the logits at each
+        row's last one are kept in self.prefill_logits [B, 1, V] (folds_first_step)."""
         cache, reused = self.reuse(f"{role}.cache",
                                    lambda: adapter.new_cache(self.prompts.shape[0], self.cache_length(adapter, role)))
         if reused:
@@ -285,13 +289,27 @@ class Engine:
         fit = (lambda ids: ids) if max_id is None else (lambda ids: ids.clamp(max=max_id))
         if self.encoder_decoder:
             adapter.encode(fit(self.input_ids), cache, attention_mask=self.source_mask)
-        if self.prompts.shape[1] > 1:
+        if whole_prompt:
+            hidden = adapter.run_layers(adapter.start(fit(self.prompts), cache)).hidden
+            last = (self.prompt_lengths - 1).view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])
+            self.prefill_logits = adapter.logits(hidden.gather(1, last))  # LM head on the last tokens only
+            cache.commit(self.prompt_lengths)
+        elif self.prompts.shape[1] > 1:
             adapter.prefill(fit(self.prompts[:, :-1]), cache, self.prompt_lengths - 1, logits=False)
         return cache
 
+    def folds_first_step(self) -> bool:
+        """Whether the first token comes from the prefill, as in HF's generate: greedy decoding of a
+        decoder-only target with a strategy that asks for it (plain). Otherwise a first step feeds
+        the last prompt token again, one more target forward per call (on the CPU a one-token
+        forward costs about what the prompt's does). Sampling keeps that step: its draws are keyed
+        by the cache lengths at the step."""
+        return self.strategy.first_token_from_prefill and not self.encoder_decoder and not self.sampling.do_sample
+
     def setup(self) -> None:
         batch, width = self.prompts.shape[0], self.strategy.max_draft_tokens() + 1
-        self.cache = self.new_cache(self.target, "target")
+        self.folded = self.folds_first_step()
+        self.cache = self.new_cache(self.target, "target", whole_prompt=self.folded)
         last = (self.prompt_lengths - 1).unsqueeze(1)
         keep, device = self.keep, self.device
         self.root = keep("root", self.prompts.gather(1, last).squeeze(1))
@@ -310,6 +328,11 @@ class Engine:
         self.final = torch.full((batch, self.max_new_tokens), self.pad, dtype=torch.int64, device=self.device)
         self.final_lengths = torch.zeros(batch, dtype=torch.int64, device=self.device)
         self.strategy.start(self)
+        if self.folded:  # the first token, as a step with zero drafts would have emitted it
+            no_drafts = Proposal(self.root.new_zeros(batch, 0))
+            out, num_accepted = self.strategy.accept(self, no_drafts, self.prefill_logits)
+            del self.prefill_logits
+            self.record(out, num_accepted, None)
 
     # ---- one step ----------------------------------------------------------------------------
 
@@ -406,7 +429,11 @@ class Engine:
         stats = Stats()
         timer = StepTimer(self.device)
         first = True
-        while True:
+        done = False
+        if self.folded:  # setup emitted the first token: that was the first step
+            stats.steps += 1
+            done = self.after_step(self.flags)
+        while not done:
             g = self.strategy.num_draft_tokens()
             key = (self.root.shape[0], g)
             if self.graphs.enabled:
@@ -422,15 +449,21 @@ class Engine:
                          else self.graphs(("verify", *key), self.verify_step, *inputs))
             first = False
             stats.steps += 1
-            host = flags.tolist()  # the step's one host sync
-            finished, all_accepted = host[:-1], host[-1]
-            self.strategy.end_step(all_accepted)
-            if all(finished):
-                break
-            if any(finished) and not self.graphs.enabled:
-                self.drop_rows(torch.tensor([not f for f in finished], device=self.device))
+            done = self.after_step(flags)
         self.store_rows(torch.ones_like(self.finished))
         return self.output(stats, timer)
+
+    def after_step(self, flags: Tensor) -> bool:
+        """Read the step's flags (its one host sync); True when every row is done. Eager mode drops
+        the rows that finished."""
+        host = flags.tolist()
+        finished, all_accepted = host[:-1], host[-1]
+        self.strategy.end_step(all_accepted)
+        if all(finished):
+            return True
+        if any(finished) and not self.graphs.enabled:
+            self.drop_rows(torch.tensor([not f for f in finished], device=self.device))
+        return False
 
     def trust_capacity(self) -> None:
         """Graph mode: the caches were sized for every token a row can write (cache_length) and

@@ -18,6 +18,7 @@ class PlainDecoder(Strategy):
     `specdec_kernels.generate(target, input_ids, strategy="plain", ...)`."""
 
     name = "plain"
+    first_token_from_prefill = True  # greedy: the prefill's last logits give the first token, as in HF
 
     def __init__(self, target=None):
         self.target_model = target
