@@ -218,8 +218,8 @@ def hook_points(sections: Sections, target) -> list:
     wrap = sections.wrap
     kernels = registry._IMPLS["tree_attention"]
     patches = [
-        (ModelAdapter, "verify", wrap(lambda a: "model" if a[0].model is target else "draft_model",
-                                      ModelAdapter.verify)),
+        *[(ModelAdapter, m, wrap(lambda a: "model" if a[0].model is target else "draft_model", ModelAdapter.__dict__[m]))
+          for m in ("start", "run_layers", "logits")],  # every forward of ours is made of these three
         (SpecCache, "write", wrap("cache_write", SpecCache.write)),
         *[(SpecCache, m, wrap("cache_commit", SpecCache.__dict__[m])) for m in ("commit", "rollback", "crop")],
         (PlainDecoder, "accept", wrap("verify_op", PlainDecoder.accept)),
