@@ -19,7 +19,9 @@ For each model pair and batch size this script
 Speculative's expected speedup over plain is Leviathan's (1 - a^(g+1)) / ((1 - a)(g c + 1)), with a the
 acceptance rate whose (1 - a^(g+1)) / (1 - a) equals the measured tokens per target forward, and c the
 draft's plain time per token over the target's (same loop, same batch), both from this run
-("leviathan" column; "spec_vs_plain" is the measured speedup, per round).
+("leviathan" column; "spec_vs_plain" is the measured speedup, per round). Leviathan's model prices a
+verification forward of g + 1 tokens like a one-token forward; "v" is their measured time ratio here
+and "leviathan_v" = (1 - a^(g+1)) / ((1 - a)(g c + v)) the same formula with that cost.
 
 Pairs: "default" (the embedded default target and draft, text prompts) and "wide" (a 6-layer x 384
 Llama built here, 12.6 M parameters, random init, with a 1-layer draft sharing its first layer,
@@ -53,8 +55,8 @@ METHODS = ("hf_greedy", "plain", "speculative")
 PARTS = ("model", "draft_model", "attention", "attn_dispatch", "cache_write", "cache_commit", "verify_op",
          "bookkeeping")
 COLS = ["pair", "params_m", "batch", "method", "tok_s", "tok_s_min", "tok_s_max", "vs_hf", "vs_hf_min", "vs_hf_max",
-        "ms_per_token", *[f"{p}_ms" for p in PARTS], "alpha", "tokens_per_forward", "c", "leviathan",
-        "spec_vs_plain", "matches_hf"]
+        "ms_per_token", *[f"{p}_ms" for p in PARTS], "alpha", "tokens_per_forward", "c", "leviathan", "v",
+        "leviathan_v", "spec_vs_plain", "matches_hf"]
 
 
 def parse_args(argv):
@@ -280,6 +282,26 @@ def leviathan(alpha: float, gamma: int, c: float) -> float:
     return expected_tokens(alpha, gamma) / (gamma * c + 1)
 
 
+def forward_cost_ratio(target, ids: torch.Tensor, gamma: int, repeats: int = 15) -> float:
+    """v: the time of one target forward of gamma + 1 tokens over that of a one-token forward, on a
+    cache holding the prompt (medians of interleaved calls). Leviathan's cost model takes v = 1 (on a
+    GPU a forward of a few tokens is bound by reading the weights); on a CPU it is not."""
+    from specdec_kernels import hf
+    from specdec_kernels.decoding.engine import restored_attention
+
+    times = {1: [], gamma + 1: []}
+    with restored_attention(target), torch.no_grad():
+        adapter = hf.adapt(target)
+        cache = adapter.new_cache(ids.shape[0], ids.shape[1] + gamma + 2)
+        adapter.prefill(ids, cache, logits=False)
+        for _ in range(repeats):
+            for n in times:  # verify leaves the lengths alone: every call sees the same cache
+                start = time.perf_counter()
+                adapter.verify(ids[:, -n:], cache)
+                times[n].append(time.perf_counter() - start)
+    return statistics.median(times[gamma + 1]) / statistics.median(times[1])
+
+
 def run_pair(name, target, draft, prompts, args) -> list[dict]:
     rows = []
     params = round(sum(p.numel() for p in target.parameters()) / 1e6, 2)
@@ -310,6 +332,8 @@ def run_pair(name, target, draft, prompts, args) -> list[dict]:
                 row["matches_hf"] = bool(torch.equal(outputs[method][0], hf_tokens))
             if method == "speculative":
                 per_step = [r / s for r, s in zip(times["plain"], seconds)]
+                v = forward_cost_ratio(target, ids, args.gamma)
+                row.update(v=round(v, 3), leviathan_v=round(expected_tokens(alpha, args.gamma) / (args.gamma * c + v), 3))
                 row.update(alpha=round(alpha, 3), c=round(c, 3),
                            tokens_per_forward=round(per_forward, 3),
                            leviathan=round(leviathan(alpha, args.gamma, c), 3),

@@ -35,7 +35,8 @@ def test_rows_cover_methods_and_batches(smoke):
         if row["method"] != "hf_greedy":
             assert row["matches_hf"] is True  # token identity with HF greedy, batch 2 left-padded and ragged
         if row["method"] == "speculative":
-            assert 0 <= row["alpha"] <= 1 and row["c"] > 0 and row["leviathan"] > 0
+            assert 0 <= row["alpha"] <= 1 and row["c"] > 0 and row["leviathan"] > 0 and row["v"] > 0
+            assert (row["leviathan_v"] < row["leviathan"]) == (row["v"] > 1)  # v prices the verify forward
 
 
 def test_breakdown_parts_are_attributed(smoke):
