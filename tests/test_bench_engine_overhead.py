@@ -2,6 +2,7 @@
 its parts add up, and our greedy output equals HF's in it."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,8 +19,9 @@ import engine_overhead  # noqa: E402
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("engine_overhead")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     subprocess.run([sys.executable, str(ROOT / "bench/engine_overhead.py"), "--smoke", "--out", str(out)],
-                   check=True, capture_output=True, text=True, cwd=ROOT)
+                   check=True, capture_output=True, text=True, cwd=ROOT, env=env)  # this checkout's package
     return out
 
 
