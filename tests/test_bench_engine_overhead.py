@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -51,13 +50,19 @@ def test_breakdown_parts_are_attributed(smoke):
         assert (parts["draft_model"] > 0) == (row["method"] == "speculative")
 
 
-def test_sections_count_exclusive_time():
+def test_sections_count_exclusive_time(monkeypatch):
+    clock = [0.0]  # a fake perf_counter that the wrapped functions advance: exact, whatever the load
+    monkeypatch.setattr(engine_overhead.time, "perf_counter", lambda: clock[0])
+
+    def spend(seconds):
+        clock[0] += seconds
+
     sections = engine_overhead.Sections()
-    inner = sections.wrap("inner", lambda: time.sleep(0.02))
-    outer = sections.wrap("outer", lambda: (time.sleep(0.01), inner()))
+    inner = sections.wrap("inner", lambda: spend(2.0))
+    outer = sections.wrap("outer", lambda: (spend(1.0), inner(), spend(0.5)))
     outer()
-    assert 0.02 <= sections.totals["inner"] < 0.03
-    assert 0.01 <= sections.totals["outer"] < 0.02  # the nested 20 ms are not counted twice
+    inner()
+    assert sections.totals == {"inner": 4.0, "outer": 1.5}  # the nested calls are not counted twice
 
 
 def test_alpha_inverts_expected_tokens():
