@@ -35,6 +35,7 @@ EOS is off, fp32, one torch thread.
 
 import argparse
 import contextlib
+import shlex
 import statistics
 import sys
 import time
@@ -348,7 +349,7 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    command = "python bench/engine_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python bench/engine_overhead.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     rows = []
     for name, target, draft, prompts in build_pairs(args):
         rows += run_pair(name, target, draft, prompts, args)
