@@ -346,7 +346,8 @@ class Engine:
         """Target forward over [root, drafts], the strategy's accept rule, cache rollback and the
         row bookkeeping, all on the device; returns the flags the host reads."""
         proposal = Proposal(tokens, probs, num_draft, extra)
-        logits = self.target.verify(torch.cat([self.root.unsqueeze(1), tokens], dim=1), self.cache,
+        fed = self.root.unsqueeze(1) if tokens.shape[1] == 0 else torch.cat([self.root.unsqueeze(1), tokens], dim=1)
+        logits = self.target.verify(fed, self.cache,
                                     self.strategy.tree_parents(self, proposal))
         out, num_accepted = self.strategy.accept(self, proposal, logits)
         if self.graphs.enabled:  # finished rows stay in the batch: their lengths must not move
@@ -365,6 +366,9 @@ class Engine:
         drafts (plain decoding: one token per row), the ops that would compute constants are skipped:
         on the CPU each op costs microseconds per token."""
         g = out.shape[1] - 1
+        if g == 0 and not self.eos and not self.graphs.enabled:
+            self._record_one(out)
+            return
         j = self._positions(g + 1)
         active = ~self.finished
         emitted = num_accepted + 1
@@ -399,6 +403,20 @@ class Engine:
             all_accepted = ((num_accepted >= num_draft) | ~active).all()
         self.finished |= done
         self.flags.copy_(torch.cat([self.finished, all_accepted.unsqueeze(0)]))
+
+    def _record_one(self, out: Tensor) -> None:
+        """record() of one token per row (no drafts), no EOS ids, eager: every row is active (finished
+        rows were dropped) and below its budget, so each keeps its one token; the general path's
+        masks and minima are constants here, and a CPU step saves their ops."""
+        token = out[:, :1]
+        self.generated.scatter_(1, self.num_generated.unsqueeze(1), token)
+        self.num_generated.add_(1)
+        self.prev.copy_(self.root)
+        self.root.copy_(token.squeeze(1).clamp(min=0))
+        self.counts[:2] += out.shape[0]  # forwards and emitted tokens: one per row
+        self.finished |= self.num_generated >= self.budget
+        self.flags[:-1].copy_(self.finished)
+        self.flags[-1] = True  # zero drafts: all accepted
 
     def _positions(self, width: int) -> Tensor:
         """[1, width] int64 0..width-1, made once per width on the CPU (a GPU step may be captured in a
