@@ -44,3 +44,30 @@ def test_sampling_chi_square_rejects_the_wrong_temperature():
         out = PlainDecoder(target).generate(ids, max_new_tokens=2, do_sample=True, seed=9, eos_token_id=[],
                                             temperature=0.5)
     assert joint_pvalue(out.sequences, exact_joint(target, lambda x: hf_warp(x, 1.0, None, None))) < 1e-6
+
+
+def test_first_token_comes_from_the_prefill(tmp_path):
+    """Greedy plain decoding takes token 1 from the prefill's logits, as HF does: T tokens cost the
+    prefill + T - 1 forwards; a row whose first token is EOS stops there, others go on, all equal to HF."""
+    target, _ = make_pair("llama", tmp_path)
+    ids, mask = left_padded([7, 3, 5])
+    layer = target.model.layers[0]
+    calls = []
+    original = layer.forward
+    layer.forward = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
+    try:
+        with one_thread():
+            got = specdec_kernels.generate(target, ids, strategy="plain", attention_mask=mask, max_new_tokens=3,
+                                           pad_token_id=0, eos_token_id=[])
+            assert len(calls) == 3 and got.stats.steps == 3  # the prefill, then two one-token steps
+            first = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=1, pad_token_id=0,
+                                    eos_token_id=[])[:, -1]
+            common = dict(attention_mask=mask, max_new_tokens=4, pad_token_id=0, eos_token_id=int(first[1]))
+            want = target.generate(ids, do_sample=False, **common)
+            got = specdec_kernels.generate(target, ids, strategy="plain", **common)
+            one = specdec_kernels.generate(target, ids, strategy="plain", attention_mask=mask, max_new_tokens=1,
+                                           pad_token_id=0, eos_token_id=[])
+    finally:
+        layer.forward = original
+    assert torch.equal(got.sequences, want)
+    assert torch.equal(one.sequences[:, -1], first) and one.stats.steps == 1

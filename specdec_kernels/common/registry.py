@@ -12,6 +12,12 @@ import os
 
 import torch
 
+try:  # private to torch: without it every call goes through the custom op (correct, only slower)
+    from torch.utils._python_dispatch import _get_current_dispatch_mode as _get_dispatch_mode
+except ImportError:  # pragma: no cover
+    def _get_dispatch_mode():
+        return True
+
 from . import cuda_module as _cuda_module
 
 BACKENDS = ("torch", "triton", "cuda")
@@ -97,3 +103,51 @@ def resolve(op: str, backend: str, device: torch.device, *, runs_as: str | None 
         raise ValueError(f"{op}: the {backend!r} backend cannot serve this call: {reason}; use backend='auto' "
                          f"(it picks a backend that can) or another backend")
     return backend
+
+
+def _plain_tensors(values) -> bool:
+    """Every tensor argument (also inside lists) is a plain torch.Tensor: no FakeTensor, no
+    FunctionalTensor or other subclass that tracing / torch.compile hands an op."""
+    for value in values:
+        if isinstance(value, (list, tuple)):
+            if not _plain_tensors(value):
+                return False
+        elif isinstance(value, torch.Tensor) and type(value) is not torch.Tensor:
+            return False
+    return True
+
+
+def eager(args) -> bool:
+    """Whether a call can skip the custom-op dispatcher: not compiling, no torch dispatch or
+    torch-function mode (fake tensors, make_fx, functionalisation), plain tensors only."""
+    return (not torch.compiler.is_compiling() and _get_dispatch_mode() is None
+            and not torch._C._is_torch_function_mode_enabled() and _plain_tensors(args))
+
+
+class EagerFirstOp:
+    """A torch.library custom op whose eager calls run its Python body directly.
+
+    The custom op is what torch.compile, export and fake-tensor tracing need (its fake
+    implementation gives them shapes); in eager mode its dispatch (schema parsing of the
+    arguments, autograd and dispatcher boxing) costs tens of microseconds per call, which the
+    CPU decode loop pays several times per token. Everything else (register_fake, torch.ops.specdec.*)
+    is the custom op's.
+    """
+
+    def __init__(self, op, body):
+        self.op, self.body = op, body
+
+    def __call__(self, *args, **kwargs):
+        if eager(args) and eager(kwargs.values()):
+            return self.body(*args, **kwargs)
+        return self.op(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.op, name)
+
+
+def custom_op(name: str, *, mutates_args):
+    """torch.library.custom_op(name, mutates_args=...), wrapped in EagerFirstOp."""
+    def wrap(body):
+        return EagerFirstOp(torch.library.custom_op(name, mutates_args=mutates_args)(body), body)
+    return wrap

@@ -60,7 +60,9 @@ class DraftModel:
 
     def next_logits(self, tokens: Tensor) -> Tensor:
         """[B, V_target] draft logits after feeding tokens [B, N] (committed to the draft cache)."""
-        logits = self.adapter.verify(tokens.clamp(max=self.max_id), self.cache)[:, -1]
+        adapter = self.adapter
+        hidden = adapter.run_layers(adapter.start(tokens.clamp(max=self.max_id), self.cache)).hidden
+        logits = adapter.logits(hidden[:, -1])  # the LM head on the last position only: the others are not read
         self.cache.commit()
         return fit_vocab(logits, self.vocab)
 

@@ -51,6 +51,9 @@ class Strategy(abc.ABC):
     """What a decoding strategy supplies to the engine (it owns the draft model and its cache)."""
 
     name = "strategy"
+    # True: greedy decoding of a decoder-only target takes the first token from the prefill's logits
+    # (accept() with zero drafts on them) instead of a first step that re-feeds the last prompt token
+    first_token_from_prefill = False
 
     def start(self, engine: "Engine") -> None:
         """Prepare the draft side for engine's batch (adapters, caches, prefill)."""
@@ -223,6 +226,7 @@ class Engine:
         self.seeds = self.keep("seeds", (int(seed) & 0xFFFFFFFF) | (rows << 32))  # one Philox key per request
         self.eos_ids = self.keep("eos_ids", self.eos_ids)
         self.row_ids = rows.clone()  # active row -> row of the output
+        self._position_rows = {}
 
     def session_key(self, strategy: Strategy, target, named: bool):
         """What the captured graphs bake in besides kept tensors: the models, the strategy's
@@ -273,10 +277,11 @@ class Engine:
                            f"positions exceeds the {role} model's {limit}: shorten the prompt or max_new_tokens")
         return min(self.span + extra, limit) if limit is not None else self.span + extra
 
-    def new_cache(self, adapter, role: str, max_id: int | None = None):
+    def new_cache(self, adapter, role: str, max_id: int | None = None, *, whole_prompt: bool = False):
         """A SpecCache for `adapter` holding every prompt token but the last (the root);
         encoder-decoders run their encoder first. max_id clamps the ids it is fed (a draft
-        with a smaller embedding table)."""
+        with a smaller embedding table). whole_prompt: every prompt token, and the logits at each
+        row's last one are kept in self.prefill_logits [B, 1, V] (folds_first_step)."""
         cache, reused = self.reuse(f"{role}.cache",
                                    lambda: adapter.new_cache(self.prompts.shape[0], self.cache_length(adapter, role)))
         if reused:
@@ -284,13 +289,27 @@ class Engine:
         fit = (lambda ids: ids) if max_id is None else (lambda ids: ids.clamp(max=max_id))
         if self.encoder_decoder:
             adapter.encode(fit(self.input_ids), cache, attention_mask=self.source_mask)
-        if self.prompts.shape[1] > 1:
-            adapter.prefill(fit(self.prompts[:, :-1]), cache, self.prompt_lengths - 1)
+        if whole_prompt:
+            hidden = adapter.run_layers(adapter.start(fit(self.prompts), cache)).hidden
+            last = (self.prompt_lengths - 1).view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])
+            self.prefill_logits = adapter.logits(hidden.gather(1, last))  # LM head on the last tokens only
+            cache.commit(self.prompt_lengths)
+        elif self.prompts.shape[1] > 1:
+            adapter.prefill(fit(self.prompts[:, :-1]), cache, self.prompt_lengths - 1, logits=False)
         return cache
+
+    def folds_first_step(self) -> bool:
+        """Whether the first token comes from the prefill, as in HF's generate: greedy decoding of a
+        decoder-only target with a strategy that asks for it (plain). Otherwise a first step feeds
+        the last prompt token again, one more target forward per call (on the CPU a one-token
+        forward costs about what the prompt's does). Sampling keeps that step: its draws are keyed
+        by the cache lengths at the step."""
+        return self.strategy.first_token_from_prefill and not self.encoder_decoder and not self.sampling.do_sample
 
     def setup(self) -> None:
         batch, width = self.prompts.shape[0], self.strategy.max_draft_tokens() + 1
-        self.cache = self.new_cache(self.target, "target")
+        self.folded = self.folds_first_step()
+        self.cache = self.new_cache(self.target, "target", whole_prompt=self.folded)
         last = (self.prompt_lengths - 1).unsqueeze(1)
         keep, device = self.keep, self.device
         self.root = keep("root", self.prompts.gather(1, last).squeeze(1))
@@ -309,6 +328,11 @@ class Engine:
         self.final = torch.full((batch, self.max_new_tokens), self.pad, dtype=torch.int64, device=self.device)
         self.final_lengths = torch.zeros(batch, dtype=torch.int64, device=self.device)
         self.strategy.start(self)
+        if self.folded:  # the first token, as a step with zero drafts would have emitted it
+            no_drafts = Proposal(self.root.new_zeros(batch, 0))
+            out, num_accepted = self.strategy.accept(self, no_drafts, self.prefill_logits)
+            del self.prefill_logits
+            self.record(out, num_accepted, None)
 
     # ---- one step ----------------------------------------------------------------------------
 
@@ -322,42 +346,87 @@ class Engine:
         """Target forward over [root, drafts], the strategy's accept rule, cache rollback and the
         row bookkeeping, all on the device; returns the flags the host reads."""
         proposal = Proposal(tokens, probs, num_draft, extra)
-        g = tokens.shape[1]
-        logits = self.target.verify(torch.cat([self.root.unsqueeze(1), tokens], dim=1), self.cache,
+        fed = self.root.unsqueeze(1) if tokens.shape[1] == 0 else torch.cat([self.root.unsqueeze(1), tokens], dim=1)
+        logits = self.target.verify(fed, self.cache,
                                     self.strategy.tree_parents(self, proposal))
         out, num_accepted = self.strategy.accept(self, proposal, logits)
-        before = self.cache.seq_lens.clone()
-        self.strategy.commit_target(self, proposal, num_accepted)
-        self.cache.seq_lens.copy_(torch.where(self.finished, before, self.cache.seq_lens))
+        if self.graphs.enabled:  # finished rows stay in the batch: their lengths must not move
+            before = self.cache.seq_lens.clone()
+            self.strategy.commit_target(self, proposal, num_accepted)
+            self.cache.seq_lens.copy_(torch.where(self.finished, before, self.cache.seq_lens))
+        else:  # eager: finished rows were dropped after the step that finished them, so every row is active
+            self.strategy.commit_target(self, proposal, num_accepted)
         self.strategy.after_accept(self, proposal, num_accepted)
-        self.record(out, num_accepted, num_draft if num_draft is not None else torch.full_like(num_accepted, g))
+        self.record(out, num_accepted, num_draft)
         return self.flags
 
-    def record(self, out: Tensor, num_accepted: Tensor, num_draft: Tensor) -> None:
-        """Append each row's new tokens (cut at EOS and at max_new_tokens), update roots, flags, counts."""
+    def record(self, out: Tensor, num_accepted: Tensor, num_draft: Tensor | None) -> None:
+        """Append each row's new tokens (cut at EOS and at max_new_tokens), update roots, flags, counts.
+        num_draft [B] (ragged drafts) or None (every row drafted g). Without EOS ids, or without
+        drafts (plain decoding: one token per row), the ops that would compute constants are skipped:
+        on the CPU each op costs microseconds per token."""
         g = out.shape[1] - 1
-        j = torch.arange(g + 1, device=self.device).unsqueeze(0)
+        if g == 0 and not self.eos and not self.graphs.enabled:
+            self._record_one(out)
+            return
+        j = self._positions(g + 1)
         active = ~self.finished
         emitted = num_accepted + 1
-        is_eos = torch.isin(out, self.eos_ids) & (j < emitted.unsqueeze(1))
-        first_eos = torch.where(is_eos.any(dim=1), is_eos.to(torch.int8).argmax(dim=1), g + 1)
-        keep = torch.minimum(torch.minimum(emitted, first_eos + 1), self.budget - self.num_generated)
-        keep = torch.where(active, keep, torch.zeros_like(keep))
+        keep = torch.minimum(emitted, self.budget - self.num_generated)
+        if self.eos:
+            is_eos = torch.isin(out, self.eos_ids) & (j < emitted.unsqueeze(1))
+            first_eos = torch.where(is_eos.any(dim=1), is_eos.to(torch.int8).argmax(dim=1), g + 1)
+            keep = torch.minimum(keep, first_eos + 1)
+        keep = keep * active
         kept = j < keep.unsqueeze(1)
         self.generated.scatter_(1, self.num_generated.unsqueeze(1) + j, torch.where(kept, out, self.pad))
-        done = (is_eos & kept).any(dim=1) | (self.num_generated + keep >= self.budget)
+        done = self.num_generated + keep >= self.budget
+        if self.eos:
+            done |= (is_eos & kept).any(dim=1)
         self.num_generated.add_(keep)
-        history = torch.cat([self.prev.unsqueeze(1), self.root.unsqueeze(1), out.clamp(min=0)], dim=1)
-        self.prev.copy_(history.gather(1, (num_accepted + 1).unsqueeze(1)).squeeze(1))
-        self.root.copy_(history.gather(1, (num_accepted + 2).unsqueeze(1)).squeeze(1))
-        drafted = (j[:, :g] < num_draft.unsqueeze(1)) & active.unsqueeze(1)
-        accepted = (j[:, :g] < num_accepted.unsqueeze(1)) & active.unsqueeze(1)
-        self.drafted_at[:g] += drafted.sum(dim=0)
-        self.accepted_at[:g] += accepted.sum(dim=0)
-        self.counts += torch.stack([active.sum(), keep.sum(), accepted.sum()])
-        all_accepted = ((num_accepted >= num_draft) | ~active).all()
-        self.finished.copy_(self.finished | done)
+        if g == 0:  # the history below, gathered at 1 and 2: the root becomes prev, the token the root
+            self.prev.copy_(self.root)
+            self.root.copy_(out[:, 0].clamp(min=0))
+            self.counts[:2] += torch.stack([active.sum(), keep.sum()])
+            all_accepted = torch.ones((), dtype=torch.bool, device=self.device)  # zero drafts, all accepted
+        else:
+            history = torch.cat([self.prev.unsqueeze(1), self.root.unsqueeze(1), out.clamp(min=0)], dim=1)
+            self.prev.copy_(history.gather(1, (num_accepted + 1).unsqueeze(1)).squeeze(1))
+            self.root.copy_(history.gather(1, (num_accepted + 2).unsqueeze(1)).squeeze(1))
+            if num_draft is None:
+                num_draft = torch.full_like(num_accepted, g)
+            drafted = (j[:, :g] < num_draft.unsqueeze(1)) & active.unsqueeze(1)
+            accepted = (j[:, :g] < num_accepted.unsqueeze(1)) & active.unsqueeze(1)
+            self.drafted_at[:g] += drafted.sum(dim=0)
+            self.accepted_at[:g] += accepted.sum(dim=0)
+            self.counts += torch.stack([active.sum(), keep.sum(), accepted.sum()])
+            all_accepted = ((num_accepted >= num_draft) | ~active).all()
+        self.finished |= done
         self.flags.copy_(torch.cat([self.finished, all_accepted.unsqueeze(0)]))
+
+    def _record_one(self, out: Tensor) -> None:
+        """record() of one token per row (no drafts), no EOS ids, eager: every row is active (finished
+        rows were dropped) and below its budget, so each keeps its one token; the general path's
+        masks and minima are constants here, and a CPU step saves their ops."""
+        token = out[:, :1]
+        self.generated.scatter_(1, self.num_generated.unsqueeze(1), token)
+        self.num_generated.add_(1)
+        self.prev.copy_(self.root)
+        self.root.copy_(token.squeeze(1).clamp(min=0))
+        self.counts[:2] += out.shape[0]  # forwards and emitted tokens: one per row
+        self.finished |= self.num_generated >= self.budget
+        self.flags[:-1].copy_(self.finished)
+        self.flags[-1] = True  # zero drafts: all accepted
+
+    def _positions(self, width: int) -> Tensor:
+        """[1, width] int64 0..width-1, made once per width on the CPU (a GPU step may be captured in a
+        CUDA graph kept past this engine: it makes its own)."""
+        if self.device.type != "cpu":
+            return torch.arange(width, device=self.device).unsqueeze(0)
+        positions = self._position_rows.get(width)
+        if positions is None:
+            positions = self._position_rows[width] = torch.arange(width, device=self.device).unsqueeze(0)
+        return positions
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -378,7 +447,11 @@ class Engine:
         stats = Stats()
         timer = StepTimer(self.device)
         first = True
-        while True:
+        done = False
+        if self.folded:  # setup emitted the first token: that was the first step
+            stats.steps += 1
+            done = self.after_step(self.flags)
+        while not done:
             g = self.strategy.num_draft_tokens()
             key = (self.root.shape[0], g)
             if self.graphs.enabled:
@@ -394,15 +467,21 @@ class Engine:
                          else self.graphs(("verify", *key), self.verify_step, *inputs))
             first = False
             stats.steps += 1
-            host = flags.tolist()  # the step's one host sync
-            finished, all_accepted = host[:-1], host[-1]
-            self.strategy.end_step(all_accepted)
-            if all(finished):
-                break
-            if any(finished) and not self.graphs.enabled:
-                self.drop_rows(torch.tensor([not f for f in finished], device=self.device))
+            done = self.after_step(flags)
         self.store_rows(torch.ones_like(self.finished))
         return self.output(stats, timer)
+
+    def after_step(self, flags: Tensor) -> bool:
+        """Read the step's flags (its one host sync); True when every row is done. Eager mode drops
+        the rows that finished."""
+        host = flags.tolist()
+        finished, all_accepted = host[:-1], host[-1]
+        self.strategy.end_step(all_accepted)
+        if all(finished):
+            return True
+        if any(finished) and not self.graphs.enabled:
+            self.drop_rows(torch.tensor([not f for f in finished], device=self.device))
+        return False
 
     def trust_capacity(self) -> None:
         """Graph mode: the caches were sized for every token a row can write (cache_length) and

@@ -5,6 +5,7 @@ fast plain decoder in its own right: greedy output equals the target's `generate
 sampled output follows the target's standardised distribution with the engine's per-row Philox seeds.
 """
 
+import torch
 from torch import Tensor
 
 from .. import ops
@@ -17,6 +18,7 @@ class PlainDecoder(Strategy):
     `specdec_kernels.generate(target, input_ids, strategy="plain", ...)`."""
 
     name = "plain"
+    first_token_from_prefill = True  # greedy: the prefill's last logits give the first token, as in HF
 
     def __init__(self, target=None):
         self.target_model = target
@@ -37,9 +39,17 @@ class PlainDecoder(Strategy):
     def propose(self, engine: Engine, first: bool) -> Proposal:
         return Proposal(engine.root.new_zeros(engine.root.shape[0], 0))
 
+    def commit_target(self, engine: Engine, proposal: Proposal, num_accepted: Tensor) -> None:
+        # rollback(num_accepted) with no drafts keeps the one token fed: commit it (no op call, no checks)
+        engine.cache.commit(1)
+
     def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
         # the verification ops with zero drafts are exactly argmax / a draw from the target's row
         if not engine.sampling.do_sample:
+            if engine.backend == "auto":  # greedy_verify of no drafts, without the op's cost per token
+                inf = float("inf")  # NaN never wins (as in greedy_verify); infinities stay as they are
+                token = torch.argmax(torch.nan_to_num(logits[:, -1].float(), nan=-inf, posinf=inf, neginf=-inf), dim=-1)
+                return token.unsqueeze(1), torch.zeros_like(token)
             return ops.greedy_verify(logits, proposal.tokens, backend=engine.backend)
         target_probs = standardize(logits, engine.sampling)
         no_drafts = target_probs.new_zeros(target_probs.shape[0], 0, target_probs.shape[-1])

@@ -10,6 +10,7 @@ ops.tree_attention through the `specdec_tree` attention implementation.
 """
 
 import abc
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -75,6 +76,16 @@ class ModelAdapter(abc.ABC):
     def num_layers(self) -> int:
         return len(self.layers)
 
+    @property
+    def cache_keyword(self) -> str:
+        """The decoder layers' name for the cache: `cache` where they take it (transformers >= 5.2x
+        renamed `past_key_values`, whose deprecation shim then costs a warning check per layer call)."""
+        keyword = self.__dict__.get("_cache_keyword")
+        if keyword is None:
+            parameters = inspect.signature(self.layers[0].forward).parameters if len(self.layers) else {}
+            keyword = self.__dict__["_cache_keyword"] = "cache" if "cache" in parameters else "past_key_values"
+        return keyword
+
     def new_cache(self, batch_size: int, max_length: int, *, dtype: torch.dtype | None = None,
                   device: torch.device | str | None = None) -> SpecCache:
         """An empty SpecCache for this model: `batch_size` rows of up to `max_length` tokens, in the
@@ -139,12 +150,16 @@ class ModelAdapter(abc.ABC):
         cache.commit / rollback / compact says what stays."""
         return self.continue_from(self.start(tokens, cache, parents))
 
-    def prefill(self, input_ids: Tensor, cache: SpecCache, lengths: Tensor | None = None) -> Tensor:
+    def prefill(self, input_ids: Tensor, cache: SpecCache, lengths: Tensor | None = None, *,
+                logits: bool = True) -> Tensor | None:
         """Prompts, right-padded to [B, P], as one chain after each row's cached tokens; then
         each row keeps its true length (`lengths` [B] int64, default P). [B, P, V] logits:
-        row b's next-token logits are at lengths[b] - 1."""
-        logits = self.verify(input_ids, cache)
+        row b's next-token logits are at lengths[b] - 1. logits=False fills the cache only and
+        returns None (no final norm and LM head over P positions: the decoding engine's prefill
+        feeds every prompt token but the last, whose logits it never reads)."""
+        state = self.run_layers(self.start(input_ids, cache))
+        out = self.logits(state.hidden) if logits else None
         if lengths is not None and not isinstance(lengths, Tensor):
             lengths = torch.as_tensor(lengths, dtype=torch.int64, device=cache.seq_lens.device)
         cache.commit(input_ids.shape[1] if lengths is None else lengths)
-        return logits
+        return out

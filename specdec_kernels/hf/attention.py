@@ -8,9 +8,16 @@ Mistral, GPT-2, BART, ...) verifies chains and trees with our kernel after
 A forward on a SpecCache passes one extra keyword, `specdec_step=TreeStep(cache, parents)`: HF
 forwards unknown keywords from the model's forward down to the attention function. The new
 tokens' K/V were written by `SpecCache.update` at seq_lens[b] + i just before the call.
+
+A chain in eager CPU mode (no tree, no lse needed: plain decoding, chain drafts, prefill) takes a
+lean path instead: torch's SDPA over the cache's first max(seq_lens) + N slots with a causal mask
+offset by each row's length, built once per forward (ChainPlan) and shared by every layer. It
+computes the same attention as ops.tree_attention's torch reference (the same fused CPU kernel)
+without the op's checks, dispatch, per-layer mask building and lse. GPUs, trees and torch.compile
+keep ops.tree_attention (its Triton/CUDA kernels, CUDA graphs, the registered custom op).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -31,6 +38,52 @@ class TreeStep:
 
     cache: object  # a SpecCache (not imported here: cache.py builds TreeSteps)
     parents: Tensor | None = None
+    # the lean chain path's plan, made by the forward's first attention layer, used by all of them
+    plans: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def chain_plan(self, num_tokens: int) -> "ChainPlan":
+        plan = self.plans.get(num_tokens)
+        if plan is None:
+            plan = self.plans[num_tokens] = ChainPlan.of(self.cache.seq_lens, num_tokens)
+        return plan
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    """What every layer of one chain forward shares: `span` = max(seq_lens) + N cache slots to read
+    and the bool mask [B, 1, N, span] (True = visible: slot s for new token i of row b when
+    s <= seq_lens[b] + i), or None where every row sees all `span` slots causally without one
+    (one row and one new token: the decode step)."""
+
+    span: int
+    mask: Tensor | None
+
+    @staticmethod
+    def of(seq_lens: Tensor, num_tokens: int) -> "ChainPlan":
+        lengths = seq_lens.tolist()  # CPU only: free
+        span = max(lengths, default=0) + num_tokens
+        if num_tokens == 1 and len(set(lengths)) <= 1:
+            return ChainPlan(span, None)
+        slots = torch.arange(span, device=seq_lens.device)
+        last = seq_lens.view(-1, 1, 1, 1) + torch.arange(num_tokens, device=seq_lens.device).view(1, 1, -1, 1)
+        return ChainPlan(span, slots.view(1, 1, 1, -1) <= last)
+
+
+def lean_chain(step: TreeStep, query: Tensor) -> bool:
+    """Whether a forward takes the lean chain path: a chain on CPU tensors, eager (a compiled or
+    traced forward keeps the custom op, which torch.compile needs)."""
+    return (step.parents is None and query.device.type == "cpu" and not torch.compiler.is_compiling()
+            and type(query) is Tensor)
+
+
+def chain_attention(query: Tensor, key: Tensor, value: Tensor, plan: ChainPlan, scaling: float | None) -> Tensor:
+    """query [B, Hq, N, D], the cache's key/value [B, Hkv, S_max, D] -> [B, N, Hq, D]. Slots past a
+    row's own are masked out; they hold that row's older K/V or zeros (SpecCache storage starts
+    zeroed and only ever receives K/V), never NaN, so masked weights of exactly 0 stay 0."""
+    key, value = key[:, :, :plan.span], value[:, :, :plan.span]
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=plan.mask, scale=scaling,
+                                                           enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2)
 
 
 def tree_positions(seq_lens: Tensor, num_tokens: int, parents: Tensor | None) -> Tensor:
@@ -62,6 +115,8 @@ def tree_attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, 
                              f"tree_attention does not apply; use a SpecCache with max_length <= {sliding_window}")
         if dropout:
             raise ValueError(f"{ATTENTION_NAME}: attention dropout is not supported (call model.eval())")
+        if lean_chain(specdec_step, query):
+            return chain_attention(query, key, value, specdec_step.chain_plan(query.shape[2]), scaling), None
         out, _ = ops.tree_attention(query.transpose(1, 2), key, value, cache.seq_lens, specdec_step.parents,
                                     sm_scale=scaling)
         return out, None

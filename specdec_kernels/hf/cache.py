@@ -84,6 +84,7 @@ class SpecCache(Cache):
         # of max(seq_lens), and how many slots the last forward wrote past seq_lens.
         self._length_bound = 0
         self._written = 0
+        self._index_memo = None  # (seq_lens, its version + shape key, write index): see _write_index
         self.encoder = None  # encoder-decoder adapters attach the encoder side here (rows move with ours)
         super().__init__(layers=[SpecCacheLayer(self, layer) for layer in range(num_layers)])
 
@@ -108,6 +109,12 @@ class SpecCache(Cache):
 
     # ---- what a forward needs ----------------------------------------------------------------
 
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        """HF's Cache.update, minus its offloading and lazy-layer machinery (none apply here)."""
+        self.write(layer_idx, key_states, value_states)
+        layer = self.layers[layer_idx]
+        return layer.keys, layer.values
+
     def positions(self, num_tokens: int, parents: Tensor | None = None) -> Tensor:
         """int64 [B, N] position ids of the next forward's tokens: seq_lens[b] + depth(node)."""
         return tree_positions(self.seq_lens, num_tokens, parents)
@@ -122,6 +129,21 @@ class SpecCache(Cache):
 
     def write(self, layer: int, key_states: Tensor, value_states: Tensor) -> None:
         """Write N new tokens' K/V ([B, Hkv, N, D]) of `layer` at seq_lens[b] + i (lengths unchanged)."""
+        storage = self.keys
+        shape = key_states.shape
+        if not (key_states.dim() == 4 and shape == value_states.shape and shape[0] == storage.shape[1]
+                and shape[1] == storage.shape[2] and shape[3] == storage.shape[4]
+                and key_states.dtype == value_states.dtype == storage.dtype
+                and key_states.device == value_states.device == storage.device):
+            self._write_error(key_states, value_states)
+        index = self._write_index(shape[2])
+        if torch.is_grad_enabled():  # an inference cache: it must not chain autograd graphs across steps
+            key_states, value_states = key_states.detach(), value_states.detach()
+        self.keys[layer].scatter_(2, index, key_states)
+        self.values[layer].scatter_(2, index, value_states)
+
+    def _write_error(self, key_states: Tensor, value_states: Tensor) -> None:
+        """The one-line error of a write whose K/V do not fit the cache."""
         op = "SpecCache.update"
         batch, heads, _, head_dim = self.keys.shape[1:]
         for name, states in (("key_states", key_states), ("value_states", value_states)):
@@ -131,15 +153,25 @@ class SpecCache(Cache):
             if states.dtype != self.keys.dtype or states.device != self.keys.device:
                 check.fail(op, f"`{name}` must be {self.keys.dtype} on {self.keys.device} like the cache "
                                f"(got {states.dtype} on {states.device})", TypeError)
-        if key_states.shape != value_states.shape:
-            check.fail(op, f"`key_states` {list(key_states.shape)} and `value_states` {list(value_states.shape)} differ")
-        num_tokens = key_states.shape[2]
+        check.fail(op, f"`key_states` {list(key_states.shape)} and `value_states` {list(value_states.shape)} differ")
+
+    def _write_index(self, num_tokens: int) -> Tensor:
+        """The scatter index [B, Hkv, N, D] of slots seq_lens[b] + i, after the S_max check. Every
+        layer of a forward writes the same slots, so on the CPU it is made once per forward: kept
+        until seq_lens changes (its version counter moves with every in-place update). GPU tensors
+        are not kept: a replayed CUDA graph changes seq_lens without moving its version."""
+        lengths = self.seq_lens
+        key = (lengths._version, num_tokens, self.keys.shape)
+        memo = self._index_memo
+        if memo is not None and memo[0] is lengths and memo[1] == key:
+            return memo[2]
         self._reserve(num_tokens)
-        slots = self.seq_lens.unsqueeze(1) + torch.arange(num_tokens, device=self.seq_lens.device)  # [B, N]
+        batch, heads, _, head_dim = self.keys.shape[1:]
+        slots = lengths.unsqueeze(1) + torch.arange(num_tokens, device=lengths.device)  # [B, N]
         index = slots.view(batch, 1, num_tokens, 1).expand(batch, heads, num_tokens, head_dim)
-        with torch.no_grad():  # an inference cache: it must not chain autograd graphs across steps
-            self.keys[layer].scatter_(2, index, key_states)
-            self.values[layer].scatter_(2, index, value_states)
+        keep = lengths.device.type == "cpu" and not torch.compiler.is_compiling()
+        self._index_memo = (lengths, key, index) if keep else None
+        return index
 
     def _reserve(self, num_tokens: int) -> None:
         """Clear error instead of an out-of-bounds write when a row would pass S_max. Reads the

@@ -8,12 +8,12 @@ from torch import Tensor
 
 from .. import reference
 from . import _validate as check
-from ..common.registry import implementation, register, resolve
+from ..common.registry import custom_op, implementation, register, resolve
 
 HALF_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-@torch.library.custom_op("specdec::tree_attention", mutates_args=())
+@custom_op("specdec::tree_attention", mutates_args=())
 def _tree_attention_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_lens: Tensor, parents: Optional[Tensor],
                        block_table: Optional[Tensor], sm_scale: float, backend: str) -> tuple[Tensor, Tensor]:
     return implementation("tree_attention", backend)(q, k_cache, v_cache, seq_lens, parents, block_table,

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .. import reference
 from . import _validate as check
-from ..common.registry import implementation, register, resolve
+from ..common.registry import custom_op, implementation, register, resolve
 
 
 def _chain_sizes(scores: Tensor) -> dict:
@@ -51,7 +51,7 @@ def _check_sampling(op: str, target: Tensor, target_name: str, draft: Tensor, dr
 
 # ---------------------------------------------------------------- rejection_sample
 
-@torch.library.custom_op("specdec::rejection_sample", mutates_args=())
+@custom_op("specdec::rejection_sample", mutates_args=())
 def _rejection_sample_op(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, uniforms: Optional[Tensor],
                          seed: Optional[int], seeds: Optional[Tensor], offsets: Optional[Tensor],
                          num_draft_tokens: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
@@ -102,7 +102,7 @@ def rejection_sample(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Te
                                 num_draft_tokens, resolve(op, backend, draft_tokens.device, sizes=_chain_sizes(target_probs)))
 
 
-@torch.library.custom_op("specdec::rejection_sample_logits", mutates_args=())
+@custom_op("specdec::rejection_sample_logits", mutates_args=())
 def _rejection_sample_logits_op(target_logits: Tensor, draft_logits: Tensor, draft_tokens: Tensor, temperature: float,
                                 temperatures: Optional[Tensor], uniforms: Optional[Tensor], seed: Optional[int],
                                 seeds: Optional[Tensor], offsets: Optional[Tensor], num_draft_tokens: Optional[Tensor],
@@ -158,7 +158,7 @@ def rejection_sample_logits(target_logits: Tensor, draft_logits: Tensor, draft_t
 
 # ---------------------------------------------------------------- greedy_verify
 
-@torch.library.custom_op("specdec::greedy_verify", mutates_args=())
+@custom_op("specdec::greedy_verify", mutates_args=())
 def _greedy_verify_op(target_logits: Tensor, draft_tokens: Tensor, num_draft_tokens: Optional[Tensor],
                       backend: str) -> tuple[Tensor, Tensor]:
     return implementation("greedy_verify", backend)(target_logits, draft_tokens, num_draft_tokens=num_draft_tokens)
@@ -193,7 +193,7 @@ def greedy_verify(target_logits: Tensor, draft_tokens: Tensor, *, num_draft_toke
 
 # ---------------------------------------------------------------- relaxed_verify (SpecDec)
 
-@torch.library.custom_op("specdec::relaxed_verify", mutates_args=())
+@custom_op("specdec::relaxed_verify", mutates_args=())
 def _relaxed_verify_op(target_logits: Tensor, draft_tokens: Tensor, top_beta: int, tau: float,
                        num_draft_tokens: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
     return implementation("relaxed_verify", backend)(target_logits, draft_tokens, top_beta=top_beta, tau=tau,
@@ -235,7 +235,7 @@ def relaxed_verify(target_logits: Tensor, draft_tokens: Tensor, *, top_beta: int
 
 # ---------------------------------------------------------------- bild_verify, fallback_check, max_prob (BiLD)
 
-@torch.library.custom_op("specdec::bild_verify", mutates_args=())
+@custom_op("specdec::bild_verify", mutates_args=())
 def _bild_verify_op(target_logits: Tensor, draft_tokens: Tensor, rollback_threshold: float,
                     num_draft_tokens: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
     return implementation("bild_verify", backend)(target_logits, draft_tokens, rollback_threshold=rollback_threshold,
@@ -272,7 +272,7 @@ def bild_verify(target_logits: Tensor, draft_tokens: Tensor, *, rollback_thresho
                            resolve(op, backend, draft_tokens.device, sizes=_chain_sizes(target_logits)))
 
 
-@torch.library.custom_op("specdec::max_prob", mutates_args=())
+@custom_op("specdec::max_prob", mutates_args=())
 def _max_prob_op(logits: Tensor, backend: str) -> Tensor:
     return implementation("max_prob", backend)(logits)
 

@@ -8,12 +8,12 @@ from torch import Tensor
 from .. import reference
 from . import _validate as check
 from ..common.limits import FUSED_MAX_K
-from ..common.registry import implementation, register, resolve
+from ..common.registry import custom_op, implementation, register, resolve
 
 NORMS = ("rms", "layer", "none")
 
 
-@torch.library.custom_op("specdec::early_exit_topk", mutates_args=())
+@custom_op("specdec::early_exit_topk", mutates_args=())
 def _early_exit_topk_op(hidden: Tensor, norm_weight: Optional[Tensor], norm_bias: Optional[Tensor],
                         lm_head_weight: Tensor, k: int, eps: float, norm: str, backend: str) -> tuple[Tensor, Tensor]:
     return implementation("early_exit_topk", backend)(hidden, norm_weight, lm_head_weight, k, eps=eps, norm=norm,

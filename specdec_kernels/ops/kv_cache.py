@@ -5,11 +5,11 @@ from torch import Tensor
 
 from .. import reference
 from . import _validate as check
-from ..common.registry import implementation, register, resolve
+from ..common.registry import custom_op, implementation, register, resolve
 
 
 
-@torch.library.custom_op("specdec::kv_rollback", mutates_args=())
+@custom_op("specdec::kv_rollback", mutates_args=())
 def _kv_rollback_op(seq_lens: Tensor, num_accepted: Tensor, backend: str) -> Tensor:
     return implementation("kv_rollback", backend)(seq_lens, num_accepted)
 
@@ -41,7 +41,7 @@ def kv_rollback(seq_lens: Tensor, num_accepted: Tensor, *, backend: str = "auto"
     return _kv_rollback_op(seq_lens, num_accepted, resolve(op, backend, seq_lens.device, sizes=dict(B=seq_lens.shape[0])))
 
 
-@torch.library.custom_op("specdec::kv_compact", mutates_args=("k_caches", "v_caches"))
+@custom_op("specdec::kv_compact", mutates_args=("k_caches", "v_caches"))
 def _kv_compact_op(k_caches: list[Tensor], v_caches: list[Tensor], seq_lens: Tensor, accepted_nodes: Tensor,
                    backend: str) -> Tensor:
     return implementation("kv_compact", backend)(k_caches, v_caches, seq_lens, accepted_nodes)

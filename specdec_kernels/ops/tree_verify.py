@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .. import reference
 from . import _validate as check
-from ..common.registry import implementation, register, resolve
+from ..common.registry import custom_op, implementation, register, resolve
 
 
 def _tree_fake(tree_tokens: Tensor, max_depth: int):
@@ -45,7 +45,7 @@ def _check_tree(op: str, scores: Tensor, name: str, tree_tokens: Tensor, parents
     return batch, n, vocab, max_depth
 
 
-@torch.library.custom_op("specdec::tree_greedy_verify", mutates_args=())
+@custom_op("specdec::tree_greedy_verify", mutates_args=())
 def _tree_greedy_verify_op(target_logits: Tensor, tree_tokens: Tensor, parents: Tensor, max_depth: int,
                            backend: str) -> tuple[Tensor, Tensor, Tensor]:
     return implementation("tree_greedy_verify", backend)(target_logits, tree_tokens, parents, max_depth=max_depth)
@@ -78,7 +78,7 @@ def tree_greedy_verify(target_logits: Tensor, tree_tokens: Tensor, parents: Tens
                                   resolve(op, backend, tree_tokens.device, sizes=sizes))
 
 
-@torch.library.custom_op("specdec::tree_rejection_sample", mutates_args=())
+@custom_op("specdec::tree_rejection_sample", mutates_args=())
 def _tree_rejection_sample_op(target_probs: Tensor, draft_probs: Tensor, tree_tokens: Tensor, parents: Tensor,
                               max_depth: int, uniforms: Optional[Tensor], seed: Optional[int], seeds: Optional[Tensor],
                               offsets: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor, Tensor]:

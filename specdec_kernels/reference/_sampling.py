@@ -23,8 +23,8 @@ def as_int64(x: torch.Tensor | None) -> torch.Tensor | None:
 
 def nan_to_neg_inf(x: torch.Tensor) -> torch.Tensor:
     """float32 copy of x with NaN replaced by -inf (NaN never wins an argmax)."""
-    x = x.float()
-    return torch.where(torch.isnan(x), torch.full_like(x, float("-inf")), x)
+    inf = float("inf")  # one op (the decode loop calls this per step); infinities are kept as they are
+    return torch.nan_to_num(x.float(), nan=-inf, posinf=inf, neginf=-inf)
 
 
 def safe_argmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
