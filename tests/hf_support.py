@@ -13,6 +13,7 @@ from transformers import (AutoModelForCausalLM, AutoModelForSeq2SeqLM, BartConfi
                           MistralConfig, Qwen2Config, Qwen3Config)
 
 from specdec_kernels import hf
+from specdec_kernels.hf.cache_keyword import MODEL_CACHE_KEYWORD
 
 VOCAB = 64
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gpt2", "bart")
@@ -84,9 +85,9 @@ class HFReference:
     def _forward(self, model, row: int, tokens: list[int], past=None, **kwargs):
         ids = torch.tensor([tokens], dtype=torch.int64, device=model.device)
         if self.sources is None:
-            return model(input_ids=ids, past_key_values=past, use_cache=True, **kwargs)
+            return model(input_ids=ids, **{MODEL_CACHE_KEYWORD: past}, use_cache=True, **kwargs)
         source = self.sources[row:row + 1, :self.source_lengths[row]].to(model.device)
-        return model(input_ids=source, decoder_input_ids=ids, past_key_values=past, use_cache=True, **kwargs)
+        return model(input_ids=source, decoder_input_ids=ids, **{MODEL_CACHE_KEYWORD: past}, use_cache=True, **kwargs)
 
     @torch.no_grad()
     def logits(self, row: int, prefix: list[int], new: list[int]) -> tuple[torch.Tensor, ...]:

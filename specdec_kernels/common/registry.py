@@ -106,14 +106,14 @@ def resolve(op: str, backend: str, device: torch.device, *, runs_as: str | None 
 
 
 def _plain_tensors(values) -> bool:
-    """Every tensor argument (also inside lists) is a plain torch.Tensor: no FakeTensor, no
-    FunctionalTensor or other subclass that tracing / torch.compile hands an op."""
+    """Every tensor argument (also inside lists) is a plain torch.Tensor with data: no meta tensor,
+    no FakeTensor, FunctionalTensor or other subclass that tracing / torch.compile hands an op."""
     for value in values:
         if isinstance(value, (list, tuple)):
             if not _plain_tensors(value):
                 return False
-        elif isinstance(value, torch.Tensor) and type(value) is not torch.Tensor:
-            return False
+        elif isinstance(value, torch.Tensor) and (type(value) is not torch.Tensor or value.is_meta):
+            return False  # meta tensors too: their shapes come from the op's fake implementation
     return True
 
 

@@ -10,7 +10,6 @@ ops.tree_attention through the `specdec_tree` attention implementation.
 """
 
 import abc
-import inspect
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +18,7 @@ from torch import Tensor
 from ..ops import _validate as check
 from .attention import register
 from .cache import SpecCache
+from .cache_keyword import cache_keyword
 
 
 @dataclass
@@ -78,12 +78,11 @@ class ModelAdapter(abc.ABC):
 
     @property
     def cache_keyword(self) -> str:
-        """The decoder layers' name for the cache: `cache` where they take it (transformers >= 5.2x
-        renamed `past_key_values`, whose deprecation shim then costs a warning check per layer call)."""
+        """The decoder layers' name for the cache (hf/cache_keyword.py), read once per adapter."""
         keyword = self.__dict__.get("_cache_keyword")
         if keyword is None:
-            parameters = inspect.signature(self.layers[0].forward).parameters if len(self.layers) else {}
-            keyword = self.__dict__["_cache_keyword"] = "cache" if "cache" in parameters else "past_key_values"
+            keyword = cache_keyword(self.layers[0].forward) if len(self.layers) else "past_key_values"
+            self.__dict__["_cache_keyword"] = keyword
         return keyword
 
     def new_cache(self, batch_size: int, max_length: int, *, dtype: torch.dtype | None = None,

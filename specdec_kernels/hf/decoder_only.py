@@ -5,7 +5,6 @@ from torch import Tensor
 
 from .adapter_base import ModelAdapter
 from .cache import SpecCache
-from .cache_keyword import cache_keyword
 
 
 class RotaryDecoderAdapter(ModelAdapter):
@@ -19,7 +18,6 @@ class RotaryDecoderAdapter(ModelAdapter):
         body = model.model
         self.embeddings, self.layers, self.final_norm = body.embed_tokens, body.layers, body.norm
         self.rotary = body.rotary_emb
-        self.cache_keyword = cache_keyword(self.layers[0].forward)
         self.lm_head = model.lm_head
 
     def cache_shape(self) -> tuple[int, int, int]:
@@ -46,7 +44,6 @@ class GPT2Adapter(ModelAdapter):
         self.embeddings, self.position_embeddings = body.wte, body.wpe
         self.layers, self.final_norm, self.lm_head = body.h, body.ln_f, model.lm_head
         self.dropout = body.drop
-        self.cache_keyword = cache_keyword(self.layers[0].forward)
 
     def cache_shape(self) -> tuple[int, int, int]:
         config = self.config

@@ -11,7 +11,6 @@ from transformers.masking_utils import create_bidirectional_mask
 from ..ops import _validate as check
 from .adapter_base import ModelAdapter
 from .cache import SpecCache
-from .cache_keyword import cache_keyword
 
 
 @dataclass
@@ -43,7 +42,6 @@ class BartAdapter(ModelAdapter):
         self.embeddings, self.position_table = decoder.embed_tokens, decoder.embed_positions
         self.embedding_norm, self.layers = decoder.layernorm_embedding, decoder.layers
         self.final_norm, self.lm_head = torch.nn.Identity(), model.lm_head  # BART has no norm after the last layer
-        self.cache_keyword = cache_keyword(self.layers[0].forward)
 
     def cache_shape(self) -> tuple[int, int, int]:
         config = self.config
