@@ -13,29 +13,15 @@ lossless: greedy output equals the target's own greedy `generate`, token for tok
 """
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import specdec_kernels
-from example_models import encode, load, parser
-from specdec_kernels.defaults import default_models_available
+from example_models import pair_or_tiny, parser
 
 args = parser(__doc__).parse_args()
 
-if args.target or args.models or default_models_available():
-    models = load(args)
-    target, draft, pad = models.target, models.draft, models.tokenizer.pad_token_id
-    batch = encode(models.tokenizer)
-    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
-else:  # no trained set in this checkout: a tiny random pair (the draft is the target with noisy weights)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)
-    target = LlamaForCausalLM(config).eval()
-    draft = LlamaForCausalLM(config).eval()
-    draft.load_state_dict({k: v + 0.05 * torch.randn_like(v) for k, v in target.state_dict().items()})
-    input_ids = torch.tensor([[0, 0, 5, 17, 42, 9], [11, 23, 8, 64, 3, 30]])  # row 0 is left-padded
-    attention_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
-    pad = 0
+pair = pair_or_tiny(args, noise=0.05)
+target, draft, input_ids, attention_mask, pad = (pair.target, pair.draft, pair.input_ids,
+                                                    pair.attention_mask, pair.pad)
 common = dict(attention_mask=attention_mask, max_new_tokens=args.max_new_tokens, pad_token_id=pad, eos_token_id=[])
 
 reference = target.generate(input_ids, do_sample=False, **common)
