@@ -63,9 +63,9 @@ def fail(message: str) -> NoReturn:
 def parse_options(items: list[str], strategy: str) -> dict:
     """["num_draft_tokens=6", "mode=official"] -> {"num_draft_tokens": 6, "mode": "official"}; a NAME
     that `strategy` does not take is refused with the ones it does."""
-    from .decoding.api import strategy_options
+    from .decoding.api import accepted_options
 
-    accepted = strategy_options(strategy)
+    accepted = accepted_options(strategy)
     options = {}
     for item in items:
         name, sep, text = item.partition("=")

@@ -20,13 +20,13 @@ def _strategies() -> dict:
             "plain": PlainDecoder}
 
 
-def strategy_options(name: str) -> list[str]:
+def accepted_options(name: str) -> list[str]:
     """The keywords strategy `name` accepts (its constructor's, less the target)."""
     return [option for option in inspect.signature(_strategies()[name]).parameters if option != "target"]
 
 
 def _check_options(name: str, options: dict) -> None:
-    accepted = strategy_options(name)
+    accepted = accepted_options(name)
     unknown = [option for option in options if option not in accepted]
     if unknown:
         check.fail(OP, f"strategy {name!r} has no option {', '.join(map(repr, unknown))}; its options: "
