@@ -6,6 +6,7 @@ or the user's own local HF checkpoints (--target PATH --draft PATH; the tokenize
 
 import argparse
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 
@@ -69,7 +70,15 @@ def show(name, models, batch, out, reference) -> None:
     print(f"{name} == target greedy: {torch.equal(out.sequences, reference)}")
 
 
-def pair_or_tiny(args, noise: float) -> SimpleNamespace:
+class Pair(NamedTuple):
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    pad: int
+
+
+def pair_or_tiny(args, noise: float) -> Pair:
     """target, draft, input_ids, attention_mask, pad: the chosen set (load), or, when this checkout ships no
     trained set and none is given, a tiny random Llama pair whose draft is the target with weights perturbed
     by `noise` (more noise, more misses), with two prompts, the first left-padded."""
@@ -80,14 +89,13 @@ def pair_or_tiny(args, noise: float) -> SimpleNamespace:
     if args.target or args.models or default_models_available():
         models = load(args)
         batch = encode(models.tokenizer)
-        return SimpleNamespace(target=models.target, draft=models.draft, input_ids=batch["input_ids"],
-                               attention_mask=batch["attention_mask"], pad=models.tokenizer.pad_token_id)
+        return Pair(models.target, models.draft, batch["input_ids"], batch["attention_mask"],
+                    models.tokenizer.pad_token_id)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)
     target = LlamaForCausalLM(config).to(DEVICE).eval()
     draft = LlamaForCausalLM(config).to(DEVICE).eval()
     draft.load_state_dict({k: v + noise * torch.randn_like(v) for k, v in target.state_dict().items()})
-    return SimpleNamespace(target=target, draft=draft, pad=0,
-                           input_ids=torch.tensor([[0, 0, 5, 17, 42, 9], [11, 23, 8, 64, 3, 30]], device=DEVICE),
-                           attention_mask=torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], device=DEVICE))
+    return Pair(target, draft, torch.tensor([[0, 0, 5, 17, 42, 9], [11, 23, 8, 64, 3, 30]], device=DEVICE),
+                torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], device=DEVICE), pad=0)

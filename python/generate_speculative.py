@@ -18,9 +18,7 @@ from example_models import pair_or_tiny, parser
 
 args = parser(__doc__).parse_args()
 
-pair = pair_or_tiny(args, noise=0.02)
-target, draft, input_ids, attention_mask, pad = (pair.target, pair.draft, pair.input_ids,
-                                                    pair.attention_mask, pair.pad)
+target, draft, input_ids, attention_mask, pad = pair_or_tiny(args, noise=0.02)
 common = dict(attention_mask=attention_mask, max_new_tokens=args.max_new_tokens, pad_token_id=pad, eos_token_id=[])
 
 reference = target.generate(input_ids, do_sample=False, **common)

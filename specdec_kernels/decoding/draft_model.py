@@ -60,18 +60,23 @@ class DraftModel:
 
     def next_logits(self, tokens: Tensor) -> Tensor:
         """[B, V_target] draft logits after feeding tokens [B, N] (committed to the draft cache)."""
-        adapter = self.adapter
-        hidden = adapter.run_layers(adapter.start(tokens.clamp(max=self.max_id), self.cache)).hidden
-        logits = adapter.logits(hidden[:, -1])  # the LM head on the last position only: the others are not read
+        logits = self._last_logits(tokens)
         self.cache.commit()
-        return fit_vocab(logits, self.vocab)
+        return logits
 
     def root_logits(self, tokens: Tensor) -> Tensor:
         """Tree drafting: [B, V_target] logits after feeding tokens [B, N] ([prev, root] or [root]),
         committing all but the root, which every tree forward feeds again as its node 0."""
-        logits = self.adapter.verify(tokens.clamp(max=self.max_id), self.cache)[:, -1]
+        logits = self._last_logits(tokens)
         self.cache.commit(tokens.shape[1] - 1)
-        return fit_vocab(logits, self.vocab)
+        return logits
+
+    def _last_logits(self, tokens: Tensor) -> Tensor:
+        """The forward of tokens [B, N] (written, not committed) and the logits of its last position
+        only: the LM head on the others would not be read."""
+        adapter = self.adapter
+        hidden = adapter.run_layers(adapter.start(tokens.clamp(max=self.max_id), self.cache)).hidden
+        return fit_vocab(adapter.logits(hidden[:, -1]), self.vocab)
 
     def tree_logits(self, tokens: Tensor, parents: Tensor) -> Tensor:
         """[B, M, V_target] logits of a tree forward (node i written at seq_lens + i, not committed)."""

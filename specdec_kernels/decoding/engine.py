@@ -290,10 +290,7 @@ class Engine:
         if self.encoder_decoder:
             adapter.encode(fit(self.input_ids), cache, attention_mask=self.source_mask)
         if whole_prompt:
-            hidden = adapter.run_layers(adapter.start(fit(self.prompts), cache)).hidden
-            last = (self.prompt_lengths - 1).view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])
-            self.prefill_logits = adapter.logits(hidden.gather(1, last))  # LM head on the last tokens only
-            cache.commit(self.prompt_lengths)
+            self.prefill_logits = adapter.prefill(fit(self.prompts), cache, self.prompt_lengths, logits="last")
         elif self.prompts.shape[1] > 1:
             adapter.prefill(fit(self.prompts[:, :-1]), cache, self.prompt_lengths - 1, logits=False)
         return cache
