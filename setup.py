@@ -162,10 +162,11 @@ class NinjaCudaBuild(build_ext):
             log(f"CUDA build failed ({err}); installing the Python-only package.")
 
 
-setup(
-    # optional=True: when the module is not built (no nvcc, SPECDEC_NO_CUDA=1, a failed build),
-    # setuptools' editable install skips copying it instead of failing with "can't copy
-    # .../_C...so: doesn't exist" (tests/test_install_fallback.py covers every install mode).
-    ext_modules=[Extension("specdec_kernels._C", sources=[], optional=True)],
-    cmdclass={"build_ext": NinjaCudaBuild},
-)
+if __name__ == "__main__":  # pip's build backend runs this file as __main__; bench/build_inplace.py imports it
+    setup(
+        # optional=True: when the module is not built (no nvcc, SPECDEC_NO_CUDA=1, a failed build),
+        # setuptools' editable install skips copying it instead of failing with "can't copy
+        # .../_C...so: doesn't exist" (tests/test_install_fallback.py covers every install mode).
+        ext_modules=[Extension("specdec_kernels._C", sources=[], optional=True)],
+        cmdclass={"build_ext": NinjaCudaBuild},
+    )

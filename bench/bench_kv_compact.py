@@ -41,7 +41,7 @@ from specdec_kernels import ops
 
 # bench/ is on sys.path (the script's folder, or pytest's rootdir insertion)
 from _report import base_parser, write_report  # noqa: E402
-from bench_verify import copy_bandwidth  # noqa: E402
+from _timing import capture_graph, copy_bandwidth  # noqa: E402
 
 FULL = {"B": (1, 8, 32), "N": (8, 64), "layers": 32, "heads": 8, "dim": 128, "prefix": 1024}
 SMOKE = {"B": (1, 3), "N": (8,), "layers": 2, "heads": 2, "dim": 16, "prefix": 16}
@@ -194,18 +194,8 @@ def time_calls(fn, device: torch.device, repeats: int) -> float:
 
 def captured(fn):
     """graph.replay of one captured call, or None when the call cannot be captured."""
-    try:
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            fn()  # warm-up on a side stream, as capture wants
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-    except Exception:  # noqa: BLE001 - any capture failure means "time it eagerly"
-        torch.cuda.synchronize()
-        return None
-    return graph.replay
+    graph = capture_graph(fn)
+    return None if graph is None else graph.replay
 
 
 def agrees(backend: str, inputs: dict) -> bool:

@@ -22,9 +22,7 @@ p and q, what a kernel that streams every row reads).
 
 import itertools
 import json
-import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +31,7 @@ import torch
 from specdec_kernels import ops
 
 from _report import base_parser, write_report  # noqa: E402  (bench/ is on sys.path: script dir or pytest rootdir)
+from _timing import capture_graph, copy_bandwidth, time_eager  # noqa: E402,F401  (bench_tree_attention uses them via bv)
 
 FULL = {"B": (1, 8, 64, 256), "g": (1, 4, 8), "V": (32000, 128256, 151936)}
 SMOKE = {"B": (1, 3), "g": (1, 4), "V": (50,)}
@@ -191,49 +190,6 @@ def nominal_bytes(case: Case) -> int:
     rows = {"max_prob": 1, "rejection_sample": 2 * case.g + 1, "rejection_sample_logits": 2 * case.g + 1,
             "tree_rejection_sample": 2 * (case.g + 1)}.get(case.op, case.g + 1)
     return case.batch * rows * case.vocab * elem
-
-
-def copy_bandwidth(device: torch.device) -> float | None:
-    """Measured device-to-device copy bandwidth (bytes read + written per second)."""
-    if device.type != "cuda":
-        return None
-    src = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / (time_eager(lambda: dst.copy_(src), device, 20) * 1e-6)
-
-
-def time_eager(fn, device: torch.device, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(samples)
-
-
-def capture_graph(fn):
-    """A CUDA graph of one call of fn (warmed up on a side stream first), or None if not capturable."""
-    try:
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            fn()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-    except Exception:  # noqa: BLE001 - any capture failure means "time it eagerly"
-        torch.cuda.synchronize()
-        return None
-    return graph
 
 
 def time_graph(fn, repeats: int) -> float | None:
