@@ -30,12 +30,16 @@ def capture_graph(fn):
     return graph
 
 
-def time_eager(fn, device: torch.device, repeats: int) -> float:
-    """Median microseconds of fn() after one warm-up call: CUDA events on a GPU, wall time on the CPU."""
+def time_eager(fn, device: torch.device, repeats: int, flush_bytes: int = 0) -> float:
+    """Median microseconds of fn() after one warm-up call: CUDA events on a GPU, wall time on the CPU.
+    flush_bytes > 0: a buffer that size is written before every GPU sample, so each call starts with a cold L2."""
     fn()
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if flush_bytes and device.type == "cuda" else None
     samples = []
     for _ in range(repeats):
         if device.type == "cuda":
+            if flush is not None:
+                flush.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()

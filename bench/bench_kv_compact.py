@@ -29,9 +29,7 @@ bandwidth and of the nominal HBM bandwidth, and whether the caches equal the ref
 
 import itertools
 import json
-import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +39,7 @@ from specdec_kernels import ops
 
 # bench/ is on sys.path (the script's folder, or pytest's rootdir insertion)
 from _report import base_parser, write_report  # noqa: E402
-from _timing import capture_graph, copy_bandwidth  # noqa: E402
+from _timing import capture_graph, copy_bandwidth, time_eager  # noqa: E402
 
 FULL = {"B": (1, 8, 32), "N": (8, 64), "layers": 32, "heads": 8, "dim": 128, "prefix": 1024}
 SMOKE = {"B": (1, 3), "N": (8,), "layers": 2, "heads": 2, "dim": 16, "prefix": 16}
@@ -171,25 +169,7 @@ def nominal_bandwidth(device_name: str) -> float | None:
 def time_calls(fn, device: torch.device, repeats: int) -> float:
     """Median microseconds of fn(); on a GPU each call starts with a cold L2 and is timed
     with events on the stream (host syncs inside fn count: the stream waits for them)."""
-    fn()
-    if device.type != "cuda":
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(samples)
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
-    samples = []
-    for _ in range(repeats):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(samples)
+    return time_eager(fn, device, repeats, flush_bytes=FLUSH_BYTES)
 
 
 def captured(fn):
