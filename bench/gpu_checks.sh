@@ -89,7 +89,7 @@ fi
 if want memcheck; then
   echo "== compute-sanitizer memcheck (CUDA kernel tests, caching allocator off)" | tee -a "$out/summary.txt"
   cuda_tests=$(ls tests/test_gpu_*.py | grep -v -e statistics -e hf_models)
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-480}" compute-sanitizer --tool memcheck \
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$(cap "${MEMCHECK_TIMEOUT:-480}")" compute-sanitizer --tool memcheck \
     --error-exitcode 9 --target-processes all $py -m pytest -q -x -p no:cacheprovider -m gpu \
     -k "${MEMCHECK_FILTER:-not graph and not 151936 and not 128256 and not long}" $cuda_tests >"$out/memcheck.log" 2>&1
   rc=$?
@@ -101,7 +101,7 @@ bench() {  # name, timeout, command...
   local name=$1 limit=$2
   shift 2
   echo "== $name" | tee -a "$out/summary.txt"
-  timeout "$limit" "$@" --out "$out" >/dev/null 2>>"$out/summary.txt" || { echo "$name failed" | tee -a "$out/summary.txt"; status=1; }
+  timeout "$(cap "$limit")" "$@" --out "$out" >/dev/null 2>>"$out/summary.txt" || { echo "$name failed" | tee -a "$out/summary.txt"; status=1; }
 }
 # shellcheck disable=SC2086
 want verify && bench bench_verify "${BENCH_TIMEOUT:-540}" $py bench/bench_verify.py ${BENCH_ARGS:-}
@@ -115,7 +115,7 @@ want e2e && bench e2e "${BENCH_TIMEOUT:-560}" $py bench/e2e.py \
   ${E2E_ARGS:---noise 0 0.1 0.5 --gammas 4 --max-new-tokens 96 --repeats 1 --method-timeout 120}
 if want demo; then
   echo "== demo" | tee -a "$out/summary.txt"
-  timeout "${BENCH_TIMEOUT:-300}" $py -m specdec_kernels demo --json "$out/demo.json" >"$out/demo.txt" 2>>"$out/summary.txt" \
+  timeout "$(cap "${BENCH_TIMEOUT:-300}")" $py -m specdec_kernels demo --json "$out/demo.json" >"$out/demo.txt" 2>>"$out/summary.txt" \
     || { echo "demo failed" | tee -a "$out/summary.txt"; status=1; }
 fi
 want ppd && bench ppd_latency "${BENCH_TIMEOUT:-300}" $py bench/ppd_latency.py --device cuda
