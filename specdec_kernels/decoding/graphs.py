@@ -20,12 +20,24 @@ later call with the same key fills those tensors in place and replays, capturing
 MAX_SESSIONS sessions are kept (least recently used evicted); clear_graph_cache() frees them all. A
 kept session holds its models, caches and graph memory alive until it is evicted or cleared.
 
+A capture that raises (torch refuses an op while the stream is capturing, memory runs out) does not
+fail `generate`: the runner warns once (RuntimeWarning) and runs that step and the rest of the call
+eagerly. It stays in graph mode (`enabled` is what the step functions read: finished rows stay in the
+batch), as a warm-up does, so the tokens are the eager path's. The eager rerun of the step assumes
+the failed capture ran nothing: CUDA records captured kernels without running them, so the state a
+step writes in place is as it was (a fake backend's capture must not run the step either). The
+call's session is discarded at once, its graphs half made; the next call of that key starts afresh
+and tries to capture again, so a transient failure (memory, another thread's sync during a global
+mode capture) recovers, and a lasting one costs a failed capture and a warning per call (Python's
+default filter shows the same warning once).
+
 The torch.cuda calls sit behind a small backend (CudaGraphs) that tests replace with a fake
 (use_backend) to count captures on the CPU.
 """
 
 import collections
 import contextlib
+import warnings
 
 import torch
 
@@ -60,11 +72,24 @@ class CudaGraphs:
 
     def capture(self, stream, fn, inputs):
         graph = torch.cuda.CUDAGraph()
-        # stream=: capture where the warm-up ran (see the module docstring); torch.cuda.graph
-        # synchronises the device before capture begins
-        with torch.cuda.graph(graph, stream=stream):
-            out = fn(*inputs)
+        caller = torch.cuda.current_stream()
+        try:
+            # stream=: capture where the warm-up ran (see the module docstring); torch.cuda.graph
+            # synchronises the device before capture begins
+            with torch.cuda.graph(graph, stream=stream):
+                out = fn(*inputs)
+        except Exception:  # the half-made graph goes with the exception (GraphRunner._capture)
+            self._settle(caller)
+            raise
         return graph, out
+
+    @staticmethod
+    def _settle(caller):
+        """After a failed capture: when capture_end raised (an invalidated capture), torch.cuda.graph
+        left the capture stream current, so the caller's is put back; and a synchronize reports any
+        error the device holds here, not in the eager rerun's first kernel."""
+        torch.cuda.set_stream(caller)
+        torch.cuda.synchronize()
 
     def replay(self, graph):
         cuda_graph, out = graph
@@ -94,26 +119,56 @@ class GraphRunner:
         self.enabled, self.device = enabled, device
         self.graphs: dict = {}
         self.warmed: set = set()
+        # a capture raised: every later step runs eagerly, `enabled` (graph-mode bookkeeping) unchanged
+        self.failed = False
 
     def __call__(self, key, fn, *inputs):
-        if not self.enabled:
+        if not self.enabled or self.failed:
             return fn(*inputs)
         if key not in self.graphs:
             stream = self.backend.stream(self.device)
             if key not in self.warmed:
                 self.warmed.add(key)
                 return self.backend.warm_up(stream, fn, inputs)
-            static_inputs = tuple(None if x is None else x.clone() for x in inputs)
-            self.graphs[key] = (self.backend.capture(stream, fn, static_inputs), static_inputs)
+            if not self._capture(key, stream, fn, inputs):
+                return fn(*inputs)  # the failed capture ran nothing (module docstring): this step, eagerly
         graph, static_inputs = self.graphs[key]
         for static, x in zip(static_inputs, inputs):
             if static is not None and static.data_ptr() != x.data_ptr():
                 static.copy_(x)
         return self.backend.replay(graph)
 
+    def _capture(self, key, stream, fn, inputs) -> bool:
+        """Capture `key`'s step on copies of `inputs` (the graph's fixed input buffers); False when the
+        capture raised, after one warning, with this runner eager and its session no longer kept."""
+        static_inputs = tuple(None if x is None else x.clone() for x in inputs)
+        try:
+            self.graphs[key] = (self.backend.capture(stream, fn, static_inputs), static_inputs)
+            return True
+        except Exception as error:  # the exception, and the half-made graph its frames hold, end with this block
+            self.failed = True  # no second capture, so no second warning, in this call
+            _forget_runner(self)
+            warnings.warn(f"generate: capturing the CUDA graph of step {key!r} failed ({_one_line(error)}); "
+                          "this call runs eagerly from here and keeps no graphs (the next call tries again)",
+                          RuntimeWarning)
+            return False
+
     @property
     def captured(self) -> int:
         return len(self.graphs)
+
+
+def _one_line(error: BaseException) -> str:
+    """`Type: first line`, with the error it followed when there is one (torch.cuda.graph's
+    capture_end fails after the step's own error, which names the op)."""
+    if error.__context__ is not None:
+        return f"{_first_line(error)}, after {_first_line(error.__context__)}"
+    return _first_line(error)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()  # CUDA errors add lines of advice
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 class GraphSession:
@@ -152,6 +207,12 @@ def discard(made: GraphSession) -> None:
     for key, value in list(_sessions.items()):
         if value is made:
             del _sessions[key]
+
+
+def _forget_runner(runner: GraphRunner) -> None:
+    """Discard the session that holds `runner` (a capture failed in it)."""
+    for made in [made for made in _sessions.values() if made.runner is runner]:
+        discard(made)
 
 
 def clear_graph_cache() -> None:
