@@ -66,7 +66,7 @@ def test_identical_to_greedy(model, k, exit_layer):
 
 
 def test_triton_backend_identical_to_greedy(model):
-    """The early head's top-k through the Triton kernel (interpreter here; attention stays on "auto")."""
+    """The early head's top-k, the attention and kv_compact through the Triton kernels (interpreter here)."""
     ids, mask = left_padded([7, 3, 5, 8], seed=5)
     out = specdec_kernels.generate(model, ids, attention_mask=mask, strategy="ppd", k=3, max_new_tokens=6,
                                    pad_token_id=0, backend="triton")

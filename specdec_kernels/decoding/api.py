@@ -76,7 +76,9 @@ def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch
             generation_config's, else the first EOS, else 0).
         seed: makes sampling reproducible; each row draws from its own Philox stream, so its
             tokens do not depend on the rest of the batch.
-        backend: the verification ops' backend ("auto", "torch", "triton", "cuda").
+        backend: the backend of every op a step runs ("auto", "torch", "triton", "cuda"): the verify
+            ops, tree attention, kv_compact / kv_rollback and the early-exit top-k (kv_rollback, one
+            add with only a torch form, stays torch).
         cuda_graphs: capture the draft and verify steps as CUDA graphs (default: on a GPU). The graphs
             are kept for later calls with the same models, strategy options, batch size, length bucket
             and sampling (decoding.clear_graph_cache() frees them; graphs.MAX_SESSIONS bounds them).

@@ -171,10 +171,12 @@ def length_bucket(tokens: int) -> int:
     return bucket
 
 
-def graphs_supported(device: torch.device) -> bool:
-    """CUDA graphs by default on a GPU, once ops.tree_attention has a GPU backend: its torch
-    reference reads each row's length back (a sync per row), which graph capture forbids."""
-    return device.type == "cuda" and any(b in ops.implemented_backends("tree_attention") for b in ("triton", "cuda"))
+def graphs_supported(device: torch.device, backend: str = "auto") -> bool:
+    """CUDA graphs by default on a GPU, once ops.tree_attention has a GPU backend and the call does
+    not name the torch one: the torch reference reads the rows' lengths back (a host sync), which
+    graph capture forbids, and the caches run the attention on the call's backend."""
+    return (device.type == "cuda" and backend != "torch"
+            and any(b in ops.implemented_backends("tree_attention") for b in ("triton", "cuda")))
 
 
 class Engine:
@@ -185,6 +187,8 @@ class Engine:
                  cuda_graphs=None, named_strategy: bool = False):
         check.tensor(OP, "input_ids", input_ids, shape=("B", "P"), dtypes=check.INDEX_DTYPES, last_dim_contiguous=False)
         self.max_new_tokens = check.positive_int(OP, "max_new_tokens", max_new_tokens)
+        if backend not in ("auto", *ops.BACKENDS):  # before any model work: every op of a step runs on it
+            check.fail(OP, f"backend must be one of 'auto', 'torch', 'triton', 'cuda' (got {backend!r})")
         self.target = adapt_model(target, "target")
         self.sampling, self.backend = sampling, backend
         self.device = self.target.lm_head.weight.device
@@ -196,7 +200,7 @@ class Engine:
         self.pad = int(pad_token_id if pad_token_id is not None else (self.eos[0] if self.eos else 0))
         self.eos_ids = torch.tensor(self.eos or [-1], dtype=torch.int64, device=self.device)
         if cuda_graphs is None:
-            cuda_graphs = graphs_supported(self.device)
+            cuda_graphs = graphs_supported(self.device, backend)
         cuda_graphs = bool(cuda_graphs)
         self.input_ids = input_ids.to(self.device)
         mask = None if attention_mask is None else attention_mask.to(self.device)
@@ -278,12 +282,15 @@ class Engine:
         return min(self.span + extra, limit) if limit is not None else self.span + extra
 
     def new_cache(self, adapter, role: str, max_id: int | None = None, *, whole_prompt: bool = False):
-        """A SpecCache for `adapter` holding every prompt token but the last (the root);
-        encoder-decoders run their encoder first. max_id clamps the ids it is fed (a draft
-        with a smaller embedding table). whole_prompt: every prompt token, and the logits at each
-        row's last one are kept in self.prefill_logits [B, 1, V] (folds_first_step)."""
+        """A SpecCache for `adapter` holding every prompt token but the last (the root), on the
+        call's backend (its attention, kv_compact and kv_rollback run there; a kept cache was made
+        with it, as the session key holds the backend); encoder-decoders run their encoder first.
+        max_id clamps the ids it is fed (a draft with a smaller embedding table). whole_prompt:
+        every prompt token, and the logits at each row's last one are kept in
+        self.prefill_logits [B, 1, V] (folds_first_step)."""
         cache, reused = self.reuse(f"{role}.cache",
-                                   lambda: adapter.new_cache(self.prompts.shape[0], self.cache_length(adapter, role)))
+                                   lambda: adapter.new_cache(self.prompts.shape[0], self.cache_length(adapter, role),
+                                                             backend=self.backend))
         if reused:
             cache.reset()  # empty rows, same storage: the kept graphs address it
         fit = (lambda ids: ids) if max_id is None else (lambda ids: ids.clamp(max=max_id))

@@ -86,9 +86,10 @@ class ModelAdapter(abc.ABC):
         return keyword
 
     def new_cache(self, batch_size: int, max_length: int, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None) -> SpecCache:
+                  device: torch.device | str | None = None, backend: str = "auto") -> SpecCache:
         """An empty SpecCache for this model: `batch_size` rows of up to `max_length` tokens, in the
-        model's dtype and on its device unless given."""
+        model's dtype and on its device unless given; `backend` runs every op on it (its attention,
+        kv_compact, kv_rollback: see SpecCache)."""
         limit = self.max_positions()
         if limit is not None and max_length > limit:
             check.fail("new_cache", f"max_length={max_length} exceeds the model's {limit} learned positions")
@@ -99,7 +100,7 @@ class ModelAdapter(abc.ABC):
         num_layers, num_kv_heads, head_dim = self.cache_shape()
         weight = self.lm_head.weight
         return SpecCache(num_layers, batch_size, num_kv_heads, head_dim, max_length,
-                         dtype=dtype or weight.dtype, device=device or weight.device)
+                         dtype=dtype or weight.dtype, device=device or weight.device, backend=backend)
 
     @torch.no_grad()
     def start(self, tokens: Tensor, cache: SpecCache, parents: Tensor | None = None) -> DecoderState:

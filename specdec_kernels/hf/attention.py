@@ -9,12 +9,18 @@ A forward on a SpecCache passes one extra keyword, `specdec_step=TreeStep(cache,
 forwards unknown keywords from the model's forward down to the attention function. The new
 tokens' K/V were written by `SpecCache.update` at seq_lens[b] + i just before the call.
 
-A chain in eager CPU mode (no tree, no lse needed: plain decoding, chain drafts, prefill) takes a
-lean path instead: torch's SDPA over the cache's first max(seq_lens) + N slots with a causal mask
-offset by each row's length, built once per forward (ChainPlan) and shared by every layer. It
-computes the same attention as ops.tree_attention's torch reference (the same fused CPU kernel)
-without the op's checks, dispatch, per-layer mask building and lse. GPUs, trees and torch.compile
-keep ops.tree_attention (its Triton/CUDA kernels, CUDA graphs, the registered custom op).
+ops.tree_attention runs on the cache's `backend` (SpecCache(backend=...), which generate's
+`backend` sets), so a call that names a backend runs that backend's attention kernel.
+
+A chain in eager CPU mode (no tree, no lse needed: plain decoding, chain drafts, prefill) on a
+cache whose backend is "auto" or "torch" takes a lean path instead: torch's SDPA over the cache's
+first max(seq_lens) + N slots with a causal mask offset by each row's length, built once per
+forward (ChainPlan) and shared by every layer. It computes the same attention as
+ops.tree_attention's torch reference (the same fused CPU kernel) without the op's checks,
+dispatch, per-layer mask building and lse: it IS the torch backend on the CPU, so a cache that
+names another backend (Triton under TRITON_INTERPRET=1) skips it and runs that kernel. GPUs,
+trees and torch.compile keep ops.tree_attention (its Triton/CUDA kernels, CUDA graphs, the
+registered custom op).
 """
 
 from dataclasses import dataclass, field
@@ -69,11 +75,15 @@ class ChainPlan:
         return ChainPlan(span, slots.view(1, 1, 1, -1) <= last)
 
 
+LEAN_BACKENDS = ("auto", "torch")  # the cache backends the lean path stands in for (on the CPU, both are torch)
+
+
 def lean_chain(step: TreeStep, query: Tensor) -> bool:
     """Whether a forward takes the lean chain path: a chain on CPU tensors, eager (a compiled or
-    traced forward keeps the custom op, which torch.compile needs)."""
+    traced forward keeps the custom op, which torch.compile needs), on a cache whose backend is
+    the torch one (another named backend must run its own kernel: that is what naming it tests)."""
     return (step.parents is None and query.device.type == "cpu" and not torch.compiler.is_compiling()
-            and type(query) is Tensor)
+            and type(query) is Tensor and step.cache.backend in LEAN_BACKENDS)
 
 
 def chain_attention(query: Tensor, key: Tensor, value: Tensor, plan: ChainPlan, scaling: float | None) -> Tensor:
@@ -104,7 +114,7 @@ def tree_attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, 
     attention module hands them over; returns ([B, N, Hq, D], None).
 
     Self-attention on a SpecCache (its update returned the cache's own [B, Hkv, S_max, D] view)
-    runs ops.tree_attention with the cache's lengths and the step's tree; the mask HF passes is
+    runs ops.tree_attention with the cache's lengths, backend and the step's tree; the mask HF passes is
     ignored (the kernel derives the causal/tree structure itself). Attention over anything else
     (an encoder's self-attention, a decoder's cross-attention) is HF's SDPA with HF's mask.
     """
@@ -118,7 +128,7 @@ def tree_attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, 
         if lean_chain(specdec_step, query):
             return chain_attention(query, key, value, specdec_step.chain_plan(query.shape[2]), scaling), None
         out, _ = ops.tree_attention(query.transpose(1, 2), key, value, cache.seq_lens, specdec_step.parents,
-                                    sm_scale=scaling)
+                                    sm_scale=scaling, backend=cache.backend)
         return out, None
     if getattr(module, "is_causal", False):
         raise ValueError(f"{ATTENTION_NAME}: decoder self-attention runs only on a SpecCache: pass "

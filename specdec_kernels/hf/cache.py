@@ -12,6 +12,10 @@ alone; then one of these says what stays:
   compact(accepted_nodes)    tree verify: move the accepted path's K/V into place, all layers at once
 None of these reads a value back to the host (no sync) except where noted. Rows are dropped or
 reordered with select_rows (HF's reorder_cache / batch_select_indices call it too).
+
+`backend` ("auto", "torch", "triton", "cuda") is the backend of every op the cache runs: the
+attention of forwards on it (ops.tree_attention, through its TreeStep) and kv_compact /
+kv_rollback, so `generate(backend=...)` reaches every op of a step, not only the verify ops.
 """
 
 import torch
@@ -64,18 +68,25 @@ class SpecCache(Cache):
             from the model config: `specdec_kernels.hf.adapt(model).new_cache(batch, max_length)`).
         max_length: S_max, the most tokens a row can hold (committed + the forward in flight).
         dtype, device: of the K/V storage (the model's); seq_lens is int64 on `device`.
+        backend: "auto" | "torch" | "triton" | "cuda", the backend of the ops run on this cache
+            (attention, kv_compact, kv_rollback; kv_rollback, one add with only a torch form,
+            runs on "torch" under a backend that has none).
 
     Use only with the `specdec_tree` attention implementation (`specdec_kernels.hf.adapt` sets it):
     `update` hands the attention the whole S_max buffer, which only the tree kernel reads correctly.
     """
 
     def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int, max_length: int, *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                 backend: str = "auto"):
         op = "SpecCache"
         for name, value, minimum in (("num_layers", num_layers, 1), ("batch_size", batch_size, 0),
                                      ("num_kv_heads", num_kv_heads, 1), ("head_dim", head_dim, 1),
                                      ("max_length", max_length, 1)):
             check.positive_int(op, name, value, minimum=minimum)
+        if backend not in ("auto", *ops.BACKENDS):
+            check.fail(op, f"`backend` must be one of 'auto', 'torch', 'triton', 'cuda' (got {backend!r})")
+        self.backend = backend
         shape = (num_layers, batch_size, num_kv_heads, max_length, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
@@ -225,7 +236,12 @@ class SpecCache(Cache):
         if (self._written and isinstance(num_accepted, Tensor) and check.can_inspect(num_accepted)
                 and num_accepted.numel() and int(num_accepted.max()) >= self._written):
             check.fail("SpecCache.rollback", f"`num_accepted` must be < {self._written}, the tokens the last forward wrote")
-        self.seq_lens.copy_(ops.kv_rollback(self.seq_lens, num_accepted))
+        # kv_rollback is one add on the device (no kernel): where the cache's backend has no form of
+        # it, the torch form is that backend's rollback, rather than a failing call
+        backend = self.backend
+        if backend != "auto" and backend not in ops.implemented_backends("kv_rollback"):
+            backend = "torch"
+        self.seq_lens.copy_(ops.kv_rollback(self.seq_lens, num_accepted, backend=backend))
         self._lengths_grew(self._written)
         return self.seq_lens
 
@@ -234,7 +250,7 @@ class SpecCache(Cache):
         seq_lens[b], seq_lens[b] + 1, ... in every layer with one ops.kv_compact call.
         accepted_nodes [B, M] int64: increasing node indices, root first, -1 padded."""
         new_lens = ops.kv_compact(list(self.keys.unbind(0)), list(self.values.unbind(0)), self.seq_lens,
-                                  accepted_nodes)
+                                  accepted_nodes, backend=self.backend)
         self.seq_lens.copy_(new_lens)
         self._lengths_grew(accepted_nodes.shape[1])  # M bounds the kept entries
         return self.seq_lens
