@@ -105,10 +105,16 @@ def _load_normalized(h_ptr, nw_ptr, nb_ptr, rows, row_ok, cols, col_ok, stride_h
     return tl.where(mask, x, 0.0)
 
 
-@triton.jit
+# Not specialised, in both kernels (tests/test_triton_recompiles.py): k (the candidates per
+# row, which follows the draft width), the batch size and the split plan that follows it
+# (tiles_per_split, num_splits, a row's candidates): Triton would compile a variant for the
+# value 1 and for multiples of 16 as rows finish or k adapts. k is a runtime int, not a
+# constexpr: it enters the keys only through K_PAD (and BLOCK_C), powers of two; B through
+# BLOCK_B (`_tile_config`, three regimes).
+@triton.jit(do_not_specialize=["batch", "tiles_per_split", "num_splits", "k"])
 def _split_topk_kernel(h_ptr, nw_ptr, nb_ptr, w_ptr, cand_ptr, batch, hidden, vocab, num_tiles, tiles_per_split,
-                       num_splits, eps, stride_hb, stride_wv,
-                       NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, K: tl.constexpr,
+                       num_splits, k, eps, stride_hb, stride_wv,
+                       NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                        K_PAD: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
                        DOT_MODE: tl.constexpr):
     split = tl.program_id(1)  # the few splits in y (<= 65535); the B blocks, which grow with B, in x
@@ -137,9 +143,9 @@ def _split_topk_kernel(h_ptr, nw_ptr, nb_ptr, w_ptr, cand_ptr, batch, hidden, vo
             squares += tl.sum(x * x, axis=1)
         rstd = 1.0 / tl.sqrt(squares / hidden + eps)
 
-    # the kept set: K unique fill keys 0..K-1 below every real key; padding slots never the minimum
+    # the kept set: k unique fill keys 0..k-1 below every real key; padding slots never the minimum
     slot = tl.arange(0, K_PAD)
-    top = tl.where(slot < K, slot.to(tl.int64), 0x7FFFFFFFFFFFFFFF)[None, :] + tl.zeros((BLOCK_B, K_PAD), tl.int64)
+    top = tl.where(slot < k, slot.to(tl.int64), 0x7FFFFFFFFFFFFFFF)[None, :] + tl.zeros((BLOCK_B, K_PAD), tl.int64)
     thresh = tl.min(top, axis=1)
     v_lanes = tl.arange(0, BLOCK_V)
     first = split * tiles_per_split
@@ -159,26 +165,26 @@ def _split_topk_kernel(h_ptr, nw_ptr, nb_ptr, w_ptr, cand_ptr, batch, hidden, vo
         keys = _order_key(acc, ids)
         cand = tl.where(row_ok[:, None] & v_ok[None, :] & (keys > thresh[:, None]), keys, EMPTY_KEY)
         best = tl.max(cand, axis=1)
-        while tl.max(best, axis=0) > EMPTY_KEY:  # at most K steps: candidates come largest first
+        while tl.max(best, axis=0) > EMPTY_KEY:  # at most k steps: candidates come largest first
             take = best > EMPTY_KEY
             top = tl.where((top == thresh[:, None]) & take[:, None], best[:, None], top)  # keys are unique
             thresh = tl.min(top, axis=1)
             cand = tl.where((cand != best[:, None]) & (cand > thresh[:, None]), cand, EMPTY_KEY)
             best = tl.max(cand, axis=1)
 
-    out = (rows[:, None] * num_splits + split) * K + slot[None, :]
-    tl.store(cand_ptr + out, top, mask=row_ok[:, None] & (slot < K)[None, :])
+    out = (rows[:, None] * num_splits + split) * k + slot[None, :]
+    tl.store(cand_ptr + out, top, mask=row_ok[:, None] & (slot < k)[None, :])
 
 
-@triton.jit
-def _merge_kernel(cand_ptr, val_ptr, idx_ptr, num_cand, K: tl.constexpr, BLOCK_C: tl.constexpr):
+@triton.jit(do_not_specialize=["num_cand", "k"])
+def _merge_kernel(cand_ptr, val_ptr, idx_ptr, num_cand, k, BLOCK_C: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK_C)
     keys = tl.load(cand_ptr + row * num_cand + c, mask=c < num_cand, other=EMPTY_KEY)
-    for j in tl.static_range(K):  # k <= V real keys exist, so fill keys are never picked
+    for j in range(k):  # k <= V real keys exist, so fill keys are never picked
         best = tl.max(keys, axis=0)
-        tl.store(val_ptr + row * K + j, _key_value(best))
-        tl.store(idx_ptr + row * K + j, _key_id(best))
+        tl.store(val_ptr + row * k + j, _key_value(best))
+        tl.store(idx_ptr + row * k + j, _key_id(best))
         keys = tl.where(keys == best, EMPTY_KEY, keys)
 
 
@@ -240,12 +246,16 @@ def plan(hidden, norm_weight, lm_head_weight, k: int, *, eps: float, norm: str, 
         dot_mode = DOT_TF32X3.value if weight.dtype == torch.float32 else DOT_SPLIT16.value
     split_args = (hidden, norm_weight if norm_weight is not None else hidden,
                   norm_bias if norm_bias is not None else hidden, weight, cand, batch, hidden_size, vocab, num_tiles,
-                  tiles_per_split, splits, float(eps), hidden.stride(0), weight.stride(0))
-    split_meta = dict(NORM=NORM_CODES[norm], HAS_W=norm_weight is not None, HAS_B=norm_bias is not None, K=k,
+                  tiles_per_split, splits, k, float(eps), hidden.stride(0), weight.stride(0))
+    split_meta = dict(NORM=NORM_CODES[norm], HAS_W=norm_weight is not None, HAS_B=norm_bias is not None,
                       K_PAD=k_pad, DOT_MODE=dot_mode, **cfg)
-    merge_meta = dict(K=k, BLOCK_C=max(16, triton.next_power_of_2(splits * k)))
+    # a row's candidates, sized for the most splits any batch size gets with this V and dtype
+    # (one B block, either BLOCK_V of the tile regimes), so B stays out of the merge kernel's key
+    most_splits = max(split_plan(vocab, block_v or _tile_config(size, weight.dtype, interpreting)["BLOCK_V"], 1,
+                                 device, num_splits)[2] for size in (1, BLOCK_B_MAX))
+    merge_meta = dict(BLOCK_C=max(16, triton.next_power_of_2(most_splits) * k_pad))
     launches = [(_split_topk_kernel, (b_blocks, splits), split_args, split_meta),
-                (_merge_kernel, (batch,), (cand, values, indices, splits * k), merge_meta)]
+                (_merge_kernel, (batch,), (cand, values, indices, splits * k, k), merge_meta)]
     return values, indices, launches
 
 

@@ -42,7 +42,11 @@ TARGET_PROGRAMS = 1024  # on a GPU: split heads, then head-dim, until the grid h
 INTERPRETER_TARGET_PROGRAMS = 1  # on the CPU (interpreter) there are no SMs to fill: fewest programs
 
 
-@triton.jit
+# Not specialised (tests/test_triton_recompiles.py): M, the accepted path's length (the
+# draft length + 1), and its row stride: Triton would compile a variant for the value 1 and
+# for multiples of 16 as the draft length adapts. M enters the key through BLOCK_A and
+# BLOCK_M (powers of two); B through the column tiling of `_plan` (a few regimes).
+@triton.jit(do_not_specialize=["stride_ab", "M"])
 def _kv_compact_kernel(k_ptr, v_ptr, table_ptr, seq_lens_ptr, accepted_ptr, new_lens_ptr,
                        num_tensors, num_layers, heads, head_dim, seq_cap, col_blocks, d_blocks,
                        k_step, v_step, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,

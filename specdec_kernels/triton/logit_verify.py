@@ -164,7 +164,12 @@ def _accept_row(logits_ptr, draft_ptr, part_val_ptr, part_idx_ptr, part_cnt_ptr,
     tl.store(num_acc_ptr + b, accepted.to(tl.int64))
 
 
-@triton.jit
+# The ints that follow the draft length (g; the strides g of draft_tokens and g + 1 of the
+# outputs) are not specialised: Triton would compile a variant for the value 1 and for
+# multiples of 16, i.e. mid-decoding when g adapts (tests/test_triton_recompiles.py). The
+# logits strides keep it: (g + 1) * V and V are multiples of 16 for every g when V is, and
+# that alignment vectorises the row loads. g enters the key only through BLOCK_P.
+@triton.jit(do_not_specialize=["g", "stride_db", "stride_ob"])
 def _chain_verify_kernel(logits_ptr, draft_ptr, counts_ptr, part_val_ptr, part_idx_ptr, part_cnt_ptr,
                          part_sum_ptr, tickets_ptr, out_ptr, num_acc_ptr, g, vocab, num_splits, stride_b, stride_p,
                          stride_db, stride_dg, stride_c, stride_ob, top_beta, tau, threshold,
@@ -204,7 +209,9 @@ def _chain_verify_kernel(logits_ptr, draft_ptr, counts_ptr, part_val_ptr, part_i
         reset_ticket(tickets_ptr + b)
 
 
-@triton.jit
+# `inner` is the row count of a [rows, V] input (B, which shrinks as rows finish) or the
+# positions g + 1 of a [B, g + 1, V] one: not specialised (tests/test_triton_recompiles.py).
+@triton.jit(do_not_specialize=["inner"])
 def _max_prob_kernel(logits_ptr, part_val_ptr, part_sum_ptr, tickets_ptr, out_ptr, vocab, inner, num_splits,
                      stride_outer, stride_inner, BLOCK_V: tl.constexpr, TILES: tl.constexpr, BLOCK_S: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # row = outer * inner + inner index
@@ -304,9 +311,11 @@ def _launch_max_prob(logits, *, block_v: int = BLOCK_V, tiles_per_program: int =
     part_val = torch.empty(rows, num_splits, dtype=torch.float32, device=logits.device)
     part_sum = torch.empty(rows, num_splits, dtype=torch.float32, device=logits.device)
     tickets = zeroed_counters(logits.device, rows)
+    # one outer row: its stride (rows * V, which follows B) is never used; 0 keeps it out of the key
+    stride_outer = rows3.stride(0) if rows3.shape[0] > 1 else 0
     with device_scope(logits.device):
         _max_prob_kernel[(rows, num_splits)](
-            rows3, part_val, part_sum, tickets, out, vocab, rows3.shape[1], num_splits, rows3.stride(0),
+            rows3, part_val, part_sum, tickets, out, vocab, rows3.shape[1], num_splits, stride_outer,
             rows3.stride(1), BLOCK_V=block_v, TILES=tiles, BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
     return out
 

@@ -25,7 +25,10 @@ every dtype and for every split.
 
 The split count depends on (B, V) only (`_split_plan`): about TARGET_PROGRAMS programs in
 all at small B, chunks of MIN_TILES..MAX_TILES tiles (one chunk for a small V), so a large
-B gets few splits per row and the last program rescans at most MAX_TILES tiles.
+B gets few splits per row and the last program rescans at most MAX_TILES tiles. Since the
+plan follows B, the chunk length and the split count are runtime ints (not specialised) and
+BLOCK_S covers the most splits V can have (at B = 1): as rows finish the kernel is not
+recompiled (tests/test_triton_recompiles.py).
 """
 
 import torch
@@ -46,13 +49,13 @@ TARGET_PROGRAMS = 4 * 132  # programs per launch worth aiming for at small B (~4
 
 
 @triton.jit
-def _chunk_weights(p_row, q_row, q_limit, start, vocab, BLOCK_V: tl.constexpr, TILES: tl.constexpr):
-    """(sum of residual weights, sum of p's weights) over the TILES tiles from `start`; q is
+def _chunk_weights(p_row, q_row, q_limit, start, vocab, tiles, BLOCK_V: tl.constexpr):
+    """(sum of residual weights, sum of p's weights) over the `tiles` tiles from `start`; q is
     read below q_limit only (q = 0 above it: then the residual weights are p's)."""
     lanes = tl.arange(0, BLOCK_V).to(tl.int64)
     sum_r = tl.full((), 0, tl.int64)
     sum_p = tl.full((), 0, tl.int64)
-    for t in range(TILES):
+    for t in range(tiles):
         offs = start + t * BLOCK_V + lanes
         p = tl.load(p_row + offs, mask=offs < vocab, other=0.0).to(tl.float32)
         # the limit is a vector compare rather than `mask & flag` (some Triton interpreter
@@ -64,13 +67,12 @@ def _chunk_weights(p_row, q_row, q_limit, start, vocab, BLOCK_V: tl.constexpr, T
 
 
 @triton.jit
-def _chunk_crossing(p_row, q_row, q_limit, start, carry, threshold, vocab, BLOCK_V: tl.constexpr,
-                    TILES: tl.constexpr):
+def _chunk_crossing(p_row, q_row, q_limit, start, carry, threshold, vocab, tiles, BLOCK_V: tl.constexpr):
     """How many ids of the chunk from `start` have carry + their running weight <= threshold
     (weights of p - q, q read below q_limit only): the drawn id's offset in the chunk."""
     lanes = tl.arange(0, BLOCK_V).to(tl.int64)
     count = tl.full((), 0, tl.int64)
-    for t in range(TILES):
+    for t in range(tiles):
         offs = start + t * BLOCK_V + lanes
         m = offs < vocab
         p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float32)
@@ -81,14 +83,20 @@ def _chunk_crossing(p_row, q_row, q_limit, start, carry, threshold, vocab, BLOCK
     return count
 
 
-@triton.jit(do_not_specialize=["seed"])
+# Not specialised (tests/test_triton_recompiles.py): the seed; the ints that follow the draft
+# length g (g, the strides g and g + 1 of the drafts, uniforms and outputs) or, through the
+# V-chunk plan, the batch size (num_splits, tiles): Triton would compile a variant for the
+# value 1 and for multiples of 16 as rows finish or g adapts. The chunk length in tiles is a
+# runtime loop bound for the same reason (the plan gives B-dependent values); g enters the
+# key only through BLOCK_G, and BLOCK_S is sized for V's largest split count.
+@triton.jit(do_not_specialize=["seed", "g", "num_splits", "tiles", "stride_db", "stride_ub", "stride_ob"])
 def _rejection_sample_kernel(
         target_ptr, draft_probs_ptr, draft_tok_ptr, uniforms_ptr, seeds_ptr, offsets_ptr, counts_ptr,
-        part_ptr, tickets_ptr, out_ptr, num_acc_ptr, seed, g, vocab, num_splits,
+        part_ptr, tickets_ptr, out_ptr, num_acc_ptr, seed, g, vocab, num_splits, tiles,
         stride_tb, stride_tp, stride_qb, stride_qp, stride_db, stride_dg, stride_ub, stride_up,
         stride_s, stride_o, stride_c, stride_ob,
         RANDOM: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_COUNTS: tl.constexpr,
-        BLOCK_G: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr, BLOCK_S: tl.constexpr):
+        BLOCK_G: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1).to(tl.int64)
     if HAS_COUNTS:
@@ -124,8 +132,8 @@ def _rejection_sample_kernel(
     p_row = target_ptr + b * stride_tb + num_acc * stride_tp
     q_row = draft_probs_ptr + b * stride_qb + tl.maximum(tl.minimum(num_acc, g - 1), 0) * stride_qp
     q_limit = tl.where(rejected, vocab, 0)  # q is read only on a rejected row
-    chunk = BLOCK_V * TILES
-    sum_r, sum_p = _chunk_weights(p_row, q_row, q_limit, split * chunk, vocab, BLOCK_V, TILES)
+    chunk = BLOCK_V * tiles
+    sum_r, sum_p = _chunk_weights(p_row, q_row, q_limit, split * chunk, vocab, tiles, BLOCK_V)
     part = part_ptr + (b * num_splits + split) * 2
     tl.store(part, sum_r)
     tl.store(part + 1, sum_p)
@@ -152,7 +160,7 @@ def _rejection_sample_kernel(
         # threshold < total; the clamp covers total == 0), and the weight before it
         c = tl.minimum(count_at_or_below(chunk_w, 0, threshold, has), num_splits - 1)
         base = tl.sum(tl.where(s < c, chunk_w, 0), axis=0)
-        count = _chunk_crossing(p_row, q_row, q_limit, c * chunk, base, threshold, vocab, BLOCK_V, TILES)
+        count = _chunk_crossing(p_row, q_row, q_limit, c * chunk, base, threshold, vocab, tiles, BLOCK_V)
         # threshold < total, so the id is < V whenever total > 0; the clamp only guards the
         # id range. No mass at all: argmax of all-zero weights, i.e. 0.
         token = tl.where(total > 0, tl.minimum(c * chunk + count, vocab - 1), 0)
@@ -166,7 +174,7 @@ def _rejection_sample_kernel(
 
 def _split_plan(batch: int, vocab: int, block_v: int = BLOCK_V, min_tiles: int = MIN_TILES,
                 max_tiles: int = MAX_TILES, target_programs: int = TARGET_PROGRAMS) -> tuple[int, int, int]:
-    """(BLOCK_V, TILES, num_splits) from the static shapes: about target_programs programs
+    """(BLOCK_V, tiles per chunk, num_splits) from the static shapes: about target_programs programs
     over the batch, each chunk min_tiles..max_tiles tiles (fewer when V is small)."""
     block_v = min(block_v, max(16, triton.next_power_of_2(vocab)))
     num_tiles = triton.cdiv(vocab, block_v)
@@ -186,6 +194,7 @@ def _launch(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None
     if batch == 0:
         return out_tokens, num_accepted
     block_v, tiles, num_splits = _split_plan(batch, vocab, block_v, min_tiles, max_tiles, target_programs)
+    most_splits = _split_plan(1, vocab, block_v, min_tiles, max_tiles, target_programs)[2]  # B = 1 splits most
     mode, seed_int, seeds = randomness_mode(uniforms, seed)
     placeholder = draft_tokens  # any tensor on the device; never read when its flag is off
     if g == 0:
@@ -199,7 +208,7 @@ def _launch(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None
     with device_scope(device):
         _rejection_sample_kernel[(batch, num_splits)](
             target_probs, draft_probs, draft_tokens, uniforms_t, seeds_t, offsets_t, counts_t,
-            chunk_totals, tickets, out_tokens, num_accepted, seed_int, g, vocab, num_splits,
+            chunk_totals, tickets, out_tokens, num_accepted, seed_int, g, vocab, num_splits, tiles,
             target_probs.stride(0), target_probs.stride(1), draft_probs.stride(0), draft_probs.stride(1),
             draft_tokens.stride(0), draft_tokens.stride(1),
             uniforms_t.stride(0) if uniforms is not None else 0, uniforms_t.stride(1) if uniforms is not None else 0,
@@ -207,7 +216,7 @@ def _launch(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None
             counts_t.stride(0) if num_draft_tokens is not None else 0, out_tokens.stride(0),
             RANDOM=mode, HAS_OFFSETS=offsets is not None and mode != UNIFORMS.value,
             HAS_COUNTS=num_draft_tokens is not None, BLOCK_G=triton.next_power_of_2(g + 1), BLOCK_V=block_v,
-            TILES=tiles, BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+            BLOCK_S=max(2, triton.next_power_of_2(most_splits)))
     return out_tokens, num_accepted
 
 

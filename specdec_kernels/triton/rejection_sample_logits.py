@@ -215,7 +215,11 @@ def _accept_draw(
     tl.store(num_acc_ptr + b, num_acc)
 
 
-@triton.jit(do_not_specialize=["seed"])
+# Not specialised (tests/test_triton_recompiles.py): the seed, and the ints that follow the
+# batch size or the draft length g (g, the target rows B * (g + 1), the strides g and g + 1
+# of the drafts, uniforms and outputs): Triton would compile a variant for the value 1 and
+# for multiples of 16 as rows finish or g adapts. g enters the key only through BLOCK_P.
+@triton.jit(do_not_specialize=["seed", "g", "target_rows", "stride_db", "stride_ub", "stride_ob"])
 def _rejection_sample_logits_kernel(
         target_ptr, draft_ptr, draft_tok_ptr, temps_ptr, part_max_ptr, part_sum_ptr, tickets_ptr,
         uniforms_ptr, seeds_ptr, offsets_ptr, counts_ptr, out_ptr, num_acc_ptr,

@@ -17,8 +17,9 @@ N nodes and all Hq/Hkv query heads that share it.
    program of the last split also attends to the tail: the N draft positions as one
    BLOCK_T = next_pow2(N) tile, masked by ancestor bits built in the kernel from `parents`:
    A[i, j] = (j == i or j == parents[i]) as a 0/1 matrix, closed under ancestry by
-   ceil(log2(N - 1)) squarings (A <- (A @ A > 0), each on the tensor cores, exact since
-   counts <= BLOCK_T), then the M rows' visibility is onehot(node) @ A. No dependent
+   log2(BLOCK_T) >= ceil(log2(N - 1)) squarings (A <- (A @ A > 0), each on the tensor
+   cores, exact since counts <= BLOCK_T; from BLOCK_T rather than N so that N compiles
+   apart only per BLOCK_T), then the M rows' visibility is onehot(node) @ A. No dependent
    loads, no host loop; `parents=None` (a chain) uses j <= i instead. Online softmax in
    base 2 with fp32 statistics and accumulator.
 2. With one split the program normalises and writes out / lse itself (one launch). With
@@ -45,8 +46,6 @@ for sm_80 / sm_90 on a machine without a GPU (tests/triton_compile_targets.py): 
 tiles compile without spills, with a cp.async-pipelined KV loop, and (128-row tiles on
 sm_90) warp-group MMAs. Tile sizes and the split count are not tuned on a GPU yet.
 """
-
-import math
 
 import torch
 import triton
@@ -143,7 +142,16 @@ def _tree_visibility(parents_ptr, b, stride_pb, stride_pn, n_nodes, node, BLOCK_
     return tl.dot(onehot, closure) > 0.5
 
 
-@triton.jit
+# Not specialised, in both kernels (tests/test_triton_recompiles.py): the ints that follow the
+# node count N or, through the split plan, the batch size (n_nodes, num_splits, the parents
+# stride N, the lse batch stride N * Hq): Triton would compile a variant for the value 1 and
+# for multiples of 16 as rows finish or N changes. The q / out strides keep their alignment
+# (multiples of Hq * D for every N). N enters the keys through BLOCK_T (and DOUBLINGS, taken
+# from it), BLOCK_M and its launch options; B only through DIRECT.
+_PLAN_INTS = ["n_nodes", "num_splits", "stride_lb"]
+
+
+@triton.jit(do_not_specialize=_PLAN_INTS + ["stride_pb"])
 def _split_kernel(q_ptr, k_ptr, v_ptr, seq_lens_ptr, parents_ptr, table_ptr, out_ptr, lse_ptr,
                   part_o_ptr, part_ml_ptr,
                   n_nodes, group, num_kv_heads, capacity, num_pages, num_splits, qk_scale,
@@ -228,7 +236,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, seq_lens_ptr, parents_ptr, table_ptr, out
         tl.store(part_o_ptr + o_off, acc, mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PLAN_INTS)
 def _merge_kernel(part_o_ptr, part_ml_ptr, out_ptr, lse_ptr, n_nodes, group, num_kv_heads, num_splits,
                   stride_ob, stride_on, stride_oh, stride_lb, stride_ln, stride_lh,
                   HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -354,8 +362,10 @@ def plan(q, k_cache, v_cache, seq_lens, parents, block_table, *, sm_scale: float
                   outer[1], head_strides[1], pos_strides[1], seq_lens.stride(0),
                   parents.stride(0) if tree else 0, parents.stride(1) if tree else 0, stride_tb, stride_tp,
                   *out_strides)
-    split_meta = dict(HEAD_DIM=head_dim, BLOCK_T=max(16, triton.next_power_of_2(n)),
-                      DOUBLINGS=math.ceil(math.log2(n - 1)) if n > 2 else 1, PAGE_SIZE=page_size,
+    block_t = max(16, triton.next_power_of_2(n))
+    # log2(BLOCK_T) >= ceil(log2(N - 1)) squarings close every ancestor path (extra ones keep the
+    # closure): from BLOCK_T, so N compiles apart only per BLOCK_T, not per ceil(log2(N - 1))
+    split_meta = dict(HEAD_DIM=head_dim, BLOCK_T=block_t, DOUBLINGS=block_t.bit_length() - 1, PAGE_SIZE=page_size,
                       ONE_PAGE=page_size > 0 and page_size % cfg["BLOCK_N"] == 0,  # a prefix tile never spans pages
                       TREE=tree, DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                       UPCAST=q.dtype == torch.bfloat16 and not _launch.plans_for_gpu(q.device), **cfg)

@@ -172,7 +172,16 @@ def _load_tree(tok_ptr, par_ptr, b, n, stride_tb, stride_tn, stride_pb, stride_p
     return lanes, par, tok
 
 
-@triton.jit
+# Not specialised, in the three kernels (tests/test_triton_recompiles.py): the ints that follow
+# the tree size N or its depth (n, max_depth, the strides N of the token / parent / uniform
+# rows, max_depth + 1 of the outputs, 2N of the rank table): Triton would compile a variant
+# for the value 1 and for multiples of 16 whenever the tree shape changes. The logits / probs
+# strides N * V keep their 16-alignment for every N when V has it. N enters the keys only
+# through BLOCK_N = next_pow2(N).
+_TREE_INTS = ["n", "max_depth", "stride_pb", "stride_ob", "stride_nb"]
+
+
+@triton.jit(do_not_specialize=_TREE_INTS + ["stride_tb"])
 def _tree_greedy_kernel(logits_ptr, tok_ptr, par_ptr, out_ptr, num_acc_ptr, nodes_ptr, n, vocab, max_depth,
                         stride_lb, stride_ln, stride_tb, stride_tn, stride_pb, stride_pn, stride_ob, stride_nb,
                         BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
@@ -183,7 +192,7 @@ def _tree_greedy_kernel(logits_ptr, tok_ptr, par_ptr, out_ptr, num_acc_ptr, node
                  num_acc_ptr, nodes_ptr, stride_ob, stride_nb, BLOCK_N, BLOCK_V, False)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_TREE_INTS + ["stride_tb"])
 def _tree_greedy_split_kernel(logits_ptr, tok_ptr, par_ptr, part_val_ptr, part_idx_ptr, tickets_ptr, out_ptr,
                               num_acc_ptr, nodes_ptr, n, vocab, max_depth, num_splits,
                               stride_lb, stride_ln, stride_tb, stride_tn, stride_pb, stride_pn, stride_ob,
@@ -309,7 +318,7 @@ def _draw_p(p_row, threshold, vocab, BLOCK_V: tl.constexpr):
     return count
 
 
-@triton.jit(do_not_specialize=["seed"])
+@triton.jit(do_not_specialize=_TREE_INTS + ["seed", "stride_kb", "stride_ub", "stride_table"])
 def _tree_rejection_kernel(
         target_ptr, draft_ptr, tok_ptr, par_ptr, uniforms_ptr, seeds_ptr, offsets_ptr, table_ptr,
         out_ptr, num_acc_ptr, nodes_ptr, seed, n, vocab, max_depth,
