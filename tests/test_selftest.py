@@ -36,9 +36,9 @@ def test_dev_mode_subset_passes_and_writes_the_matrix(tmp_path):
     """A fresh process without TRITON_INTERPRET: the command re-runs itself under the interpreter."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    path = tmp_path / "selftest.json"
+    path, lines = tmp_path / "selftest.json", tmp_path / "selftest.jsonl"
     out = run_command("--device", "cpu", "--ops", "greedy_verify,tree_attention,kv_compact,kv_rollback,engine",
-                      "--json", str(path), env=env)
+                      "--json", str(path), "--jsonl", str(lines), env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(path.read_text())
     assert result["summary"]["ok"] and result["summary"]["finished"] and result["summary"]["failed"] == 0
@@ -47,8 +47,12 @@ def test_dev_mode_subset_passes_and_writes_the_matrix(tmp_path):
     assert set(matrix) == {"greedy_verify", "tree_attention", "kv_compact", "kv_rollback", "engine"}
     assert matrix["greedy_verify"]["triton"]["pass"] == 6  # 2 shapes x 3 dtypes, interpreted Triton
     assert matrix["kv_rollback"]["torch"]["pass"] >= 1
-    assert matrix["engine"]["torch"]["pass"] == 5  # plain, speculative, specdec, bild, ppd vs HF greedy
-    assert all(check["status"] == "pass" for check in result["checks"])
+    # plain, speculative (chain and tree), specdec, bild, ppd vs HF greedy of each prompt alone; the bfloat16
+    # graphs-vs-eager check needs CUDA graphs
+    assert matrix["engine"]["torch"] == {"pass": 6, "fail": 0, "skip": 1}
+    assert all(check["status"] == "pass" for check in result["checks"] if check["dtype"] != "bfloat16")
+    logged = [json.loads(line) for line in lines.read_text().splitlines()]
+    assert logged[0]["header"] == result["header"] and logged[1:] == result["checks"]
     assert "selftest: " in out.stdout and ": PASS" in out.stdout and "op " in out.stdout
 
 
@@ -140,6 +144,71 @@ def test_graph_check_logic_on_the_cpu(capture, ok):
         assert graph[0].status == ("pass" if ok else "fail"), (case.op, graph[0])
         if not ok:
             assert graph[0].message.startswith("replay vs reference"), graph[0].message
+
+
+class ReplayingGraphs:
+    """decoding.graphs' backend without a GPU: capture keeps the step, replay runs it again."""
+
+    def available(self):
+        return True
+
+    def stream(self, device):
+        return None
+
+    def warm_up(self, stream, fn, inputs):
+        return fn(*inputs)
+
+    def capture(self, stream, fn, inputs):
+        return fn, inputs
+
+    def replay(self, graph):
+        fn, inputs = graph
+        return fn(*inputs)
+
+
+def _engine_plan():
+    return selftest.Plan(device=torch.device("cpu"), profile="tiny", backends=("torch",), explicit_backends=False,
+                         ops=("engine",), graphs=True, engine=True, seed=0)
+
+
+def test_engine_check_runs_graphs_and_bfloat16_where_graphs_run():
+    """With a graph backend (a stand-in here), every strategy runs eager and with graphs in float32 against
+    HF per prompt, and graphs against eager in bfloat16."""
+    from specdec_kernels.decoding import graphs
+    from specdec_kernels.selftest import engine
+
+    results = []
+    graphs.clear_graph_cache()
+    try:
+        with graphs.use_backend(ReplayingGraphs()):
+            engine.run_engine(_engine_plan(), ("torch",), results.append)
+    finally:
+        graphs.clear_graph_cache()
+    cases = [r.case for r in results if r.dtype == "float32"]
+    assert all(r.status == "pass" for r in results), [(r.case, r.message) for r in results if r.status != "pass"]
+    assert sum("eager B=3" in c for c in cases) == sum("cuda graphs B=3" in c for c in cases) == 6
+    assert sum(r.dtype == "bfloat16" and "graphs vs eager" in r.case for r in results) == 6
+
+
+def test_engine_check_names_the_row_that_differs_from_its_prompt_alone(monkeypatch):
+    """Mutation: HF's lone-prompt greedy of row 1 changed at token 3: every strategy fails on that row."""
+    from specdec_kernels.selftest import engine
+
+    real = engine.solo_greedy
+
+    def shifted(*args, **kwargs):
+        rows = real(*args, **kwargs)
+        rows[1] = rows[1].clone()
+        rows[1][3] += 1
+        return rows
+
+    monkeypatch.setattr(engine, "solo_greedy", shifted)
+    results = []
+    engine.run_engine(_engine_plan(), ("torch",), results.append)
+    failed = [r for r in results if r.status == "fail"]
+    assert len(failed) == 6, [(r.case, r.status) for r in results]
+    assert all("1 of 3 rows differ" in r.message and "row 1: first differs at new token 3" in r.message
+               for r in failed), failed[0].message
 
 
 def _run_in_process(monkeypatch, capsys, *args):
@@ -248,7 +317,7 @@ def test_a_lost_cuda_context_stops_the_remaining_checks(monkeypatch, capsys, tmp
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     _break(monkeypatch, "greedy_verify", fault)
-    monkeypatch.setattr(runner, "_context_alive", lambda device: False)
+    monkeypatch.setattr(runner, "context_alive", lambda device: False)
     path = tmp_path / "lost.json"
     status, out = _run_in_process(monkeypatch, capsys, "--ops", "greedy_verify,kv_rollback", "--json", str(path))
     assert status == 1 and "illegal memory access" in out.out and "poisoned the context" in out.out

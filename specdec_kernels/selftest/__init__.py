@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from .model import DTYPES, FAIL, PASS, SKIP, Plan, Result
-from .report import format_header, format_report, header, matrix
+from .report import JsonLinesLog, format_header, format_report, header, matrix
 from .runner import CASE_FAMILIES, execute, run_case
 
 # CASE_FAMILIES, DTYPES and run_case are not used here: tests/test_selftest.py builds and runs cases through them
@@ -53,6 +53,9 @@ EXIT_OK, EXIT_FAILED, EXIT_NO_GPU = 0, 1, 2
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the header, the matrix and every check as JSON")
+    parser.add_argument("--jsonl", metavar="FILE",
+                        help="also append the header and then every check to FILE, one JSON line each, the moment "
+                             "it finishes (a run cut off by a timeout keeps every check it finished)")
     parser.add_argument("--quick", action="store_true", help="small shapes only (skips the production shapes)")
     parser.add_argument("--ops", metavar="NAME,...", help="only these ops (default: every registered op)")
     parser.add_argument("--backends", metavar="NAME,...",
@@ -74,7 +77,8 @@ def _split(text: str | None) -> list[str] | None:
 def _argv(args) -> list[str]:
     """The command line of `args` again (to re-run the CPU dev mode under the Triton interpreter)."""
     argv = ["selftest", "--device", args.device, "--seed", str(args.seed)]
-    for flag, value in (("--json", args.json), ("--ops", args.ops), ("--backends", args.backends)):
+    for flag, value in (("--json", args.json), ("--jsonl", args.jsonl), ("--ops", args.ops),
+                        ("--backends", args.backends)):
         if value is not None:
             argv += [flag, value]
     for flag, on in (("--quick", args.quick), ("--no-graphs", args.no_graphs), ("--no-engine", args.no_engine)):
@@ -95,8 +99,9 @@ def run(args) -> int:
         device = None
     if device is None or device.type not in ("cuda", "cpu"):
         return fail(f"--device {args.device}: use cuda, cuda:N, or cpu (which only tests the selftest itself)")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        return fail(f"--json {args.json}: no such folder")
+    for flag, path in (("--json", args.json), ("--jsonl", args.jsonl)):
+        if path and not Path(path).resolve().parent.is_dir():
+            return fail(f"{flag} {path}: no such folder")
     from .. import ops
 
     known = (*ops.registered_ops(), "engine")
@@ -128,6 +133,8 @@ def run(args) -> int:
                 ops=tuple(name for name in known if name in wanted), graphs=not args.no_graphs,
                 engine=not args.no_engine, seed=args.seed)
     info = header(plan)
+    if args.jsonl:
+        plan.results = JsonLinesLog(args.jsonl, info)
     print(format_header(info), flush=True)
     start = time.perf_counter()
 

@@ -1,14 +1,16 @@
 """What the run prints and writes: the header (device, driver, versions), the matrix and the report."""
 
+import json
 import platform
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 
 import torch
 
+from .engine import describe_error
 from .model import FAIL, PASS, SKIP, Plan, Result
-from .runner import _describe_error
 
 
 def _version(package: str) -> str | None:
@@ -64,7 +66,7 @@ def header(plan: Plan) -> dict:
         built = build_info()
         info["cuda_module"] = built["cuda_module"]
     except Exception as error:  # noqa: BLE001 - the header must not stop the run
-        info["cuda_module"] = {"error": _describe_error(error)}
+        info["cuda_module"] = {"error": describe_error(error)}
     return info
 
 
@@ -147,3 +149,29 @@ def format_report(results: list[Result], seconds: float) -> str:
     lines.append("")
     lines.append(f"selftest: {passed} passed, {len(failures)} failed, {len(skips)} skipped in {seconds:.1f} s: {outcome}")
     return "\n".join(lines)
+
+
+class JsonLinesLog(list):
+    """The run's results list that also appends every Result to a JSON-lines file the moment it is
+    recorded (flushed), after one {"header": ...} line: a run killed by a timeout leaves each check it
+    finished, which a JSON document rewritten per op does not (the engine is one op)."""
+
+    def __init__(self, path: str, info: dict):
+        super().__init__()
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the run's whole life
+        self._write({"header": info})
+
+    def _write(self, record: dict) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def append(self, result: Result) -> None:
+        super().append(result)
+        self._write(asdict(result))
+
+    def extend(self, results) -> None:
+        for result in results:
+            self.append(result)
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,7 +1,6 @@
 """Running the checks: every backend on each case against the reference, its CUDA-graph replay,
-the engine vs greedy, and the stop after a CUDA error that poisons the context."""
+the engine check (engine.py), and the stop after a CUDA error that poisons the context."""
 
-import argparse
 import time
 from typing import Callable
 
@@ -12,26 +11,10 @@ from .cases_chain import chain_cases
 from .cases_early_exit import early_exit_cases
 from .cases_kv import kv_cases
 from .cases_tree import tree_cases
-from .compare import _short
+from .engine import ContextLost, context_alive, describe_error, run_engine, sync
 from .model import FAIL, PASS, SKIP, Case, Plan, Result
 
 CASE_FAMILIES = (chain_cases, tree_cases, attention_cases, kv_cases, early_exit_cases)
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _context_alive(device) -> bool:
-    """False once a kernel fault has poisoned the CUDA context (every later call would fail)."""
-    if device.type != "cuda":
-        return True
-    try:
-        torch.cuda.synchronize(device)
-        return float(torch.ones(1, device=device).add_(1).item()) == 2.0
-    except Exception:  # noqa: BLE001 - any error here means the context is gone
-        return False
 
 
 def _copy_into(static: dict, fresh: dict) -> None:
@@ -46,12 +29,6 @@ def _copy_into(static: dict, fresh: dict) -> None:
         # python scalars (thresholds, k, max_depth) are baked into the graph's launch: they stay
 
 
-def _describe_error(error: BaseException) -> str:
-    """The error's type and its first lines (a Triton compile error names the line on its second)."""
-    lines = [line.strip() for line in f"{type(error).__name__}: {error}".splitlines() if line.strip()]
-    return " | ".join(lines[:3])[:600]
-
-
 def _not_available(op, backend, device) -> str | None:
     """Why `backend` cannot run `op` on `device` here (no _C, no triton), or None."""
     from .. import ops
@@ -61,15 +38,6 @@ def _not_available(op, backend, device) -> str | None:
     except (ValueError, RuntimeError) as error:
         return str(error)
     return None
-
-
-class ContextLost(Exception):
-    """A CUDA error poisoned the context at `where`; `results` are the checks done before it (the
-    failing one included)."""
-
-    def __init__(self, where: str, results: list | None = None):
-        super().__init__(where)
-        self.results = results or []
 
 
 def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
@@ -85,7 +53,7 @@ def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
     try:
         inputs = case.build(plan.seed)
         want = case.reference(inputs) if case.reference else case.run(inputs, "torch")
-        _sync(device)
+        sync(device)
     except torch.cuda.OutOfMemoryError:
         # the production shapes need a few GiB beside the reference's intermediates: a smaller GPU skips them
         total = torch.cuda.get_device_properties(device).total_memory / 2**30
@@ -96,24 +64,24 @@ def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
         return results
     except Exception as error:  # noqa: BLE001 - a broken case builder is a selftest failure, reported
         for backend in backends:
-            result(backend, case.name, FAIL, message=f"building the case or the reference failed: {_describe_error(error)}")
-        if not _context_alive(device):
+            result(backend, case.name, FAIL, message=f"building the case or the reference failed: {describe_error(error)}")
+        if not context_alive(device):
             raise ContextLost(f"{case.op} {case.name} (reference)", results) from error
         return results
     for backend in backends:
         start = time.perf_counter()
         try:
             got = case.run(inputs, backend)
-            _sync(device)
+            sync(device)
             error, problem = case.compare(got, want, inputs)
             result(backend, case.name, FAIL if problem else PASS, error, problem or "", start)
         except Exception as error:  # noqa: BLE001
-            message = _describe_error(error)
+            message = describe_error(error)
             if isinstance(error, ValueError) and "cannot serve this call" in message:
                 result(backend, case.name, SKIP, message=message, start=start)  # past a registered launch limit
                 continue
             result(backend, case.name, FAIL, message=message, start=start)
-            if not _context_alive(device):
+            if not context_alive(device):
                 raise ContextLost(f"{case.op} [{backend}] {case.name}", results) from error
             continue
         if case.graph and plan.graphs and (device.type == "cuda" or plan.capture is not None):
@@ -122,8 +90,8 @@ def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
                 error, problem = graph_check(plan, case, backend)
                 result(backend, case.name + " graph", FAIL if problem else PASS, error, problem or "", start)
             except Exception as error:  # noqa: BLE001
-                result(backend, case.name + " graph", FAIL, message=_describe_error(error), start=start)
-                if not _context_alive(device):
+                result(backend, case.name + " graph", FAIL, message=describe_error(error), start=start)
+                if not context_alive(device):
                     raise ContextLost(f"{case.op} [{backend}] {case.name} graph", results) from error
     return results
 
@@ -162,69 +130,6 @@ def graph_check(plan: Plan, case: Case, backend: str):
     eager = case.run(static, backend)
     _, problem = case.compare(replayed, eager, static)
     return error, None if problem is None else f"replay vs eager: {problem}"
-
-
-def engine_results(plan: Plan, backends: tuple) -> list[Result]:
-    """Every strategy on the embedded default models (float32) must give the target's own greedy
-    tokens (`generate(do_sample=False)`), on each backend, without and with CUDA graphs."""
-    import specdec_kernels
-
-    from ..demo import PROMPTS, STRATEGIES, batches, load_pair
-
-    device = plan.device
-    results = []
-    max_new = 32 if plan.profile == "full" else 16
-    start = time.perf_counter()
-    try:
-        class NotLoaded(Exception):
-            pass
-
-        def fail(message):
-            raise NotLoaded(message)
-
-        no_paths = argparse.Namespace(models=None, target=None, draft=None, specdec_drafter=None)
-        pair = load_pair(no_paths, device, torch.float32, fail=fail)
-        batch = batches(pair.tokenizer, PROMPTS[:2], 2, device)[0]
-        pad = pair.tokenizer.pad_token_id
-        common = dict(max_new_tokens=max_new, pad_token_id=pad, eos_token_id=[])
-        with torch.no_grad():
-            greedy = pair.target.generate(**batch, do_sample=False, **common)
-    except Exception as error:  # noqa: BLE001
-        return [Result("engine", b, "load the default models + HF greedy", "float32", FAIL,
-                       message=_describe_error(error), seconds=time.perf_counter() - start) for b in backends]
-    modes = (False, True) if device.type == "cuda" and plan.graphs else (False,)
-    for backend in backends:
-        for graphs in modes:
-            for name in STRATEGIES:
-                case = f"{name} {'cuda graphs' if graphs else 'eager'} B=2 T={max_new}"
-                if name not in pair.options:
-                    results.append(Result("engine", backend, case, "float32", SKIP, message=pair.skipped.get(name, "")))
-                    continue
-                start = time.perf_counter()
-                try:
-                    out = specdec_kernels.generate(pair.target, batch["input_ids"], attention_mask=batch["attention_mask"],
-                                                   strategy=name, backend=backend, cuda_graphs=graphs, **common,
-                                                   **pair.options[name])
-                    _sync(device)
-                    got, want = out.sequences, greedy
-                    differing, problem = None, None
-                    if got.shape != want.shape:
-                        problem = f"sequences {list(got.shape)}, greedy {list(want.shape)}"
-                    else:
-                        differing = float(int((got != want).sum()))
-                    if differing:
-                        row, pos = (int(v) for v in (got != want).nonzero()[0])
-                        prompt = batch["input_ids"].shape[1]
-                        problem = (f"not token-identical to greedy: row {row} first differs at new token {pos - prompt}: "
-                                   f"got {_short(got[row, pos:pos + 6])} want {_short(want[row, pos:pos + 6])}")
-                    results.append(Result("engine", backend, case, "float32", FAIL if problem else PASS, differing,
-                                          problem or "", time.perf_counter() - start))
-                except Exception as error:  # noqa: BLE001
-                    results.append(Result("engine", backend, case, "float32", FAIL, message=_describe_error(error),
-                                          seconds=time.perf_counter() - start))
-                    if not _context_alive(device):
-                        raise ContextLost(f"engine [{backend}] {case}", results) from error
-    return results
 
 
 def execute(plan: Plan, progress: Callable = lambda op, done, seconds: None) -> list[Result]:
@@ -286,9 +191,8 @@ def execute(plan: Plan, progress: Callable = lambda op, done, seconds: None) -> 
                                   message=f"not run: the CUDA context was lost at {lost}"))
         elif usable:
             try:
-                results.extend(engine_results(plan, tuple(usable)))
+                run_engine(plan, tuple(usable), results.append)
             except ContextLost as error:
-                results.extend(error.results)
                 results.append(Result("engine", "-", "CUDA context", "-", FAIL,
                                       message=f"a CUDA error poisoned the context at {error}"))
         progress("engine", results[before:], time.perf_counter() - started)
