@@ -192,22 +192,24 @@ def nominal_bytes(case: Case) -> int:
     return case.batch * rows * case.vocab * elem
 
 
-def time_graph(fn, repeats: int) -> float | None:
+def time_graph(fn, repeats: int, flush_bytes: int = 0) -> float | None:
     """Median microseconds of one call replayed from a CUDA graph, or None if not capturable."""
     graph = capture_graph(fn)
-    return None if graph is None else time_eager(graph.replay, torch.device("cuda"), repeats)
+    return None if graph is None else time_eager(graph.replay, torch.device("cuda"), repeats, flush_bytes)
 
 
-def measure(case: Case, backend: str, repeats: int, bandwidth: float | None) -> dict:
+def measure(case: Case, backend: str, repeats: int, bandwidth: float | None, flush_bytes: int = 0) -> dict:
+    """flush_bytes > 0: every timed call starts with a cold L2. Without it (the grid) inputs replayed
+    back to back stay in L2, and the first H100 run's B=64 rows read faster than HBM can deliver."""
     inputs = make_inputs(case)
     fn = callable_for(case, backend, inputs)
     out = fn()
     us, mode = None, "eager"
     if case.device.type == "cuda":
-        us = time_graph(fn, repeats)
+        us = time_graph(fn, repeats, flush_bytes)
         mode = "graph" if us is not None else "eager"
     if us is None:
-        us = time_eager(fn, case.device, repeats)
+        us = time_eager(fn, case.device, repeats, flush_bytes)
     row = {"op": case.op, "B": case.batch, "g": case.g, "V": case.vocab, "regime": case.regime,
            "dtype": str(case.dtype).replace("torch.", ""), "backend": backend, "us": round(us, 2), "timing": mode,
            "mean_accepted": round(float(out[1].float().mean()), 3) if case.op != "max_prob" else None}
