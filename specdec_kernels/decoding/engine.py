@@ -461,8 +461,8 @@ class Engine:
             if self.graphs.enabled:
                 self.trust_capacity()
             with timer.section("draft"):
-                if first:
-                    proposal = self.strategy.propose(self, True)
+                if first or g == 0:  # g == 0: an empty proposal, no kernel (torch warns at an empty graph)
+                    proposal = self.strategy.propose(self, first)
                 else:
                     proposal = self.graphs(("draft", *key), lambda: self.strategy.propose(self, False))
             with timer.section("verify"):
