@@ -13,3 +13,20 @@ CUDA_KERNEL_MARKS = [
     pytest.mark.skipif(_C is None or not torch.cuda.is_available(),
                        reason="needs a CUDA GPU and the built specdec_kernels._C extension"),
 ]
+
+
+def backends_here(op: str = "rejection_sample") -> list[str]:
+    """The backends a test can run `op` on here: torch always; triton on a GPU, or on CPU tensors
+    under TRITON_INTERPRET=1; cuda on a GPU with `_C` loaded (and a CUDA form of `op`)."""
+    from specdec_kernels import ops
+
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if gpu else "cpu")
+    names = ["torch"]
+    for backend in ("triton", "cuda"):
+        try:
+            ops.resolve(op, backend, device)
+        except (ValueError, RuntimeError):
+            continue
+        names.append(backend)
+    return names

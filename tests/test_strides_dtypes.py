@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec_kernels import ops
-from specdec_kernels.common import cuda_module
+from gpu_support import backends_here
 
 GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if GPU else "cpu")
@@ -29,20 +29,7 @@ INDEX_DTYPES = (torch.int64, torch.int32)
 EXAMPLES = int(os.environ.get("STRIDES_DTYPES_EXAMPLES", "25"))  # per (op, backend): minutes under the interpreter
 
 
-def _backends() -> list[str]:
-    backends = ["torch"]
-    try:
-        import triton  # noqa: F401
-        if GPU or os.environ.get("TRITON_INTERPRET") == "1":
-            backends.append("triton")
-    except ImportError:
-        pass
-    if GPU and cuda_module.load() is not None:
-        backends.append("cuda")
-    return backends
-
-
-BACKENDS = _backends()
+BACKENDS = backends_here()
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # interpreter NaN math

@@ -221,3 +221,33 @@ def test_seeded_rows_replay_and_do_not_depend_on_the_batch(rs):
     other = run(list(range(rows)), base=2000)
     changed = sum(not torch.equal(first[i], other[i]) for i in seeded)
     assert changed >= 5, f"other seeds changed only {changed} of {len(seeded)} seeded rows"  # peaked targets: most agree
+
+
+def test_seeded_rows_replay_but_not_vllms_own_stream(rs):
+    """What the README says of seeds: a seeded request is exact and reproducible with our plugin,
+    but its random stream is not plain vLLM's for the same seed (vLLM draws its coins with
+    `uniform_` and its recovered tokens with `exponential_` from the request's generator; we
+    draw one Philox seed from it per step), so the tokens differ from plain vLLM's, and the
+    generator ends elsewhere (later steps' bonus tokens differ too)."""
+    from specdec_kernels.integrations.vllm import _PATCHED
+    original = getattr(rs, _PATCHED)["rejection_sample"]
+    drafts, draft_probs, logits, bonus, metadata, _ = mixed_batch(rs, with_draft_probs=True, seed=5)
+    rows = len(ROW_TYPES) * 40
+    drafts, tokens = drafts[:rows], sum(len(d) for d in drafts[:rows])
+    draft_probs, logits, bonus = draft_probs[:tokens].contiguous(), logits[:tokens], bonus[:rows]
+    temperature = metadata.temperature[:rows].tolist()
+    seeded = [i for i in range(rows) if temperature[i] > 0 and drafts[i]]
+
+    def run(function=None):
+        generators = {i: torch.Generator().manual_seed(100 + i) for i in seeded}
+        meta = sampling_metadata(temperature, metadata.top_k[:rows].tolist(), metadata.top_p[:rows].tolist(),
+                                 generators)
+        out = verify(rs, drafts, draft_probs, logits, bonus, meta, function=function)
+        return out, {i: g.get_state() for i, g in generators.items()}
+
+    (ours, our_state), (again, _) = run(), run()
+    (theirs, their_state), (theirs_again, _) = run(original), run(original)
+    assert torch.equal(ours[seeded], again[seeded]) and torch.equal(theirs[seeded], theirs_again[seeded])
+    differ = sum(not torch.equal(ours[i], theirs[i]) for i in seeded)
+    assert differ >= 5, f"only {differ} of {len(seeded)} seeded rows differ from vLLM's own stream"
+    assert all(not torch.equal(our_state[i], their_state[i]) for i in seeded)

@@ -55,9 +55,15 @@ def _backend() -> str:
     return os.environ.get(BACKEND_ENV, "auto")
 
 
-def _pack(draft_token_ids: Tensor, num_draft_tokens: list[int], max_spec_len: int, cu_num_draft_tokens: Tensor):
+def _pack(draft_token_ids: Tensor, num_draft_tokens: list[int], max_spec_len: int, cu_num_draft_tokens: Tensor,
+          vocab: int):
     """Flattened ragged drafts -> (flat index [B, g] into the T draft positions, valid [B, g],
-    counts [B] int64, padded drafts [B, g] int64 with 0 in unused slots)."""
+    counts [B] int64, padded drafts [B, g] int64 with 0 in unused slots).
+
+    A draft outside [0, V) becomes PLACEHOLDER_TOKEN_ID: vLLM pads drafts that structured output
+    rejected with -1 (scheduler, async scheduler), and its kernels reject any negative draft;
+    our ops reject -1 too (and would refuse other out-of-range ids), so every such draft is a
+    rejected draft, never an index."""
     device = draft_token_ids.device
     counts = torch.tensor(num_draft_tokens, dtype=torch.int64).to(device, non_blocking=True)
     starts = cu_num_draft_tokens.to(torch.int64) - counts
@@ -69,6 +75,7 @@ def _pack(draft_token_ids: Tensor, num_draft_tokens: list[int], max_spec_len: in
         drafts = torch.zeros(len(num_draft_tokens), max_spec_len, dtype=torch.int64, device=device)
     else:
         drafts = torch.where(valid, draft_token_ids.to(torch.int64)[flat], 0)
+        drafts = drafts.masked_fill((drafts < 0) | (drafts >= vocab), PLACEHOLDER_TOKEN_ID)
     return flat, valid, counts, drafts
 
 
@@ -80,14 +87,29 @@ def _scores_with_bonus(rows: Optional[Tensor], flat: Tensor, valid: Tensor, coun
     out = torch.zeros(batch, g + 1, vocab, dtype=torch.float32, device=bonus.device)
     if rows is not None and rows.shape[0] and g:
         out[:, :g] = torch.where(valid.unsqueeze(-1), rows.to(torch.float32)[flat], 0.0)
-    out[torch.arange(batch, device=bonus.device), counts, bonus.to(torch.int64)] = 1.0
+    bonus = bonus.to(torch.int64)
+    in_vocab = (bonus >= 0) & (bonus < vocab)  # an id outside [0, V) never indexes (rejection_sample copies it)
+    out[torch.arange(batch, device=bonus.device), counts, bonus.clamp(0, vocab - 1)] = in_vocab.to(torch.float32)
     return out
+
+
+def _one_hot_drafts(drafts: Tensor, vocab: int) -> Tensor:
+    """[B, g, V] float32 draft "distributions" of drafts without probabilities (n-gram, greedy
+    drafting): a one-hot of each draft, and all zeros for a rejected (-1) draft. The zeros give
+    vLLM's semantics: for a -1 draft its recovered token is drawn from the whole target p (its
+    `sample_recovered_tokens_kernel` masks only `vocab_offset != draft_token_id`, i.e. nothing),
+    and our residual max(0, p - 0) is p."""
+    is_token = drafts >= 0
+    q = torch.nn.functional.one_hot(drafts.clamp(min=0), vocab).to(torch.float32)
+    return q * is_token.unsqueeze(-1)
 
 
 def _request_seeds(batch: int, num_draft_tokens: list[int], generators: dict, device: torch.device) -> Tensor:
     """One Philox seed per row and step. A seeded request draws its seed from its own
     torch.Generator (so it advances the generator once per step and replays exactly with the same
-    seed, whatever the batch around it); the others from torch's global generator."""
+    seed, whatever the batch around it); the others from torch's global generator. vLLM itself
+    draws uniform_ coins and exponential_ noise from that generator instead, so the same seed
+    gives other tokens than plain vLLM (and leaves the generator elsewhere)."""
     seeds = torch.randint(_INT64.min, _INT64.max, (batch,), dtype=torch.int64, device=device)
     for index, generator in generators.items():
         # Like vLLM, rows without drafts draw nothing: their generator stays where it was.
@@ -130,6 +152,13 @@ def rejection_sample(draft_token_ids: Tensor, num_draft_tokens: list[int], max_s
     divided by the temperature and masked with top-k/top-p (`apply_sampling_constraints`).
     Drafts without probabilities (n-gram) count as one-hot draft distributions. Synthetic
     acceptance (a benchmarking mode that ignores the models) stays vLLM's own.
+
+    A -1 draft (vLLM's padding for drafts that structured output rejected; any id outside
+    [0, V) likewise) is a rejected draft, as in vLLM's Triton kernels: never accepted, the row
+    stops there and emits the greedy row's argmax, or a random row's draw from norm(max(0, p - q))
+    with draft probabilities and from p without them (vLLM masks only the draft's own id).
+    Seeded rows are exact and reproducible, but their random stream is not vLLM's for the
+    same seed (see `_request_seeds`).
     """
     if synthetic_mode:
         return _vllm_original(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
@@ -140,7 +169,7 @@ def rejection_sample(draft_token_ids: Tensor, num_draft_tokens: list[int], max_s
     vocab = target_logits.shape[-1]
     device = target_logits.device
     backend = _backend()
-    flat, valid, counts, drafts = _pack(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens)
+    flat, valid, counts, drafts = _pack(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, vocab)
     bonus = bonus_token_ids.reshape(batch)
     all_greedy, all_random = bool(sampling_metadata.all_greedy), bool(sampling_metadata.all_random)
     is_greedy = None if all_greedy else (sampling_metadata.temperature == GREEDY_TEMPERATURE)
@@ -153,7 +182,7 @@ def rejection_sample(draft_token_ids: Tensor, num_draft_tokens: list[int], max_s
         probs = target_logits.softmax(dim=-1, dtype=torch.float32)
         target_probs = _scores_with_bonus(probs, flat, valid, counts, bonus, vocab)
         if draft_probs is None:  # n-gram drafts: the draft "distribution" is the token itself
-            q = torch.nn.functional.one_hot(drafts, vocab).to(torch.float32)
+            q = _one_hot_drafts(drafts, vocab)
         else:
             q = torch.where(valid.unsqueeze(-1), draft_probs.to(torch.float32)[flat], 0.0)
         seeds = _request_seeds(batch, num_draft_tokens, sampling_metadata.generators, device)
@@ -167,6 +196,11 @@ def rejection_sample(draft_token_ids: Tensor, num_draft_tokens: list[int], max_s
     else:
         out = torch.where(is_greedy.unsqueeze(1), greedy_out, random_out)
         accepted = torch.where(is_greedy, greedy_accepted, random_accepted)
+    # A row that accepted every draft ends with vLLM's bonus token, copied as vLLM's kernels copy
+    # it (our ops emit the same id from its one-hot; this also covers an id outside [0, V)).
+    all_accepted = (accepted == counts).unsqueeze(1)
+    at_bonus = torch.arange(max_spec_len + 1, device=device).unsqueeze(0) == counts.unsqueeze(1)
+    out = torch.where(all_accepted & at_bonus, bonus.to(out.dtype).unsqueeze(1), out)
     _record(num_draft_tokens, draft_probs, sampling_metadata,
             True if all_greedy else (False if all_random else is_greedy), accepted)
     return out.to(torch.int32)
