@@ -51,6 +51,28 @@ def seed_and_row_key(seed, batch: int, device) -> tuple[torch.Tensor, torch.Tens
     return seeds, torch.arange(batch, dtype=torch.int64, device=device)
 
 
+class Coins:
+    """A chain call's randomness: `accept` [B, g] float64, the coin of each draft position, and
+    final(num_accepted) [B], the uniform of the token drawn after the accepted prefix; from caller
+    uniforms [B, g+1] (coins for drafts 0..g-1, then the final draw), or the counter-based draws
+    (seed, offsets[b] + position, row key) of `rng`, the final one keyed by the drawn token's position."""
+
+    def __init__(self, uniforms, seed, offsets, batch: int, g: int, device):
+        if uniforms is not None:
+            self.accept, self.final_u = uniforms[:, :g].to(torch.float64), uniforms[:, g].to(torch.float64)
+            return
+        self.offsets = torch.zeros(batch, dtype=torch.int64, device=device) if offsets is None else offsets.to(torch.int64)
+        self.seeds, self.row_key = seed_and_row_key(seed, batch, device)
+        positions = self.offsets.unsqueeze(1) + torch.arange(g, device=device).unsqueeze(0)
+        self.accept = rng.philox_uniform(self.seeds.unsqueeze(1), positions, self.row_key.unsqueeze(1), rng.SALT_ACCEPT)
+        self.final_u = None
+
+    def final(self, num_accepted: torch.Tensor) -> torch.Tensor:
+        if self.final_u is not None:
+            return self.final_u
+        return rng.philox_uniform(self.seeds, self.offsets + num_accepted, self.row_key, rng.SALT_FINAL)
+
+
 def rejection_sample(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None, offsets=None,
                      num_draft_tokens=None):
     """Leviathan et al. Algorithm 1 (speculative sampling), see ops.rejection_sample.
@@ -62,24 +84,15 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, *, uniforms=None, 
     batch, g = draft_tokens.shape
     device = draft_tokens.device
     exists = draft_mask(draft_tokens, num_draft_tokens)
-    if uniforms is not None:
-        coins, final_u = uniforms[:, :g].to(torch.float64), uniforms[:, g].to(torch.float64)
-    else:
-        offsets = torch.zeros(batch, dtype=torch.int64, device=device) if offsets is None else offsets.to(torch.int64)
-        seeds, row_key = seed_and_row_key(seed, batch, device)
-        positions = offsets.unsqueeze(1) + torch.arange(g, device=device).unsqueeze(0)
-        coins = rng.philox_uniform(seeds.unsqueeze(1), positions, row_key.unsqueeze(1), rng.SALT_ACCEPT)
+    coins = Coins(uniforms, seed, offsets, batch, g, device)
     p_tok, in_range = gather_token_values(target_probs[:, :g], draft_tokens)
     q_tok, _ = gather_token_values(draft_probs, draft_tokens)
     # u * q < p  <=>  u < p / q without dividing; q == 0 < p accepts (the limit of min(1, p/q)),
     # p == 0 never accepts, NaN never accepts.
-    accept = (coins * q_tok.double() < p_tok.double()) & in_range & exists
+    accept = (coins.accept * q_tok.double() < p_tok.double()) & in_range & exists
 
     def final_token(num_accepted):
-        if uniforms is None:  # keyed by the position of the token being drawn
-            u = rng.philox_uniform(seeds, offsets + num_accepted, row_key, rng.SALT_FINAL)
-        else:
-            u = final_u
+        u = coins.final(num_accepted)
         p_row = row_at(target_probs, num_accepted).float()
         rejected = (num_accepted < exists.sum(dim=1)).unsqueeze(1)
         if g > 0:

@@ -1,0 +1,227 @@
+"""Reference block verification of chain drafts: the executable specification.
+
+Sun et al., "Block Verification Accelerates Speculative Decoding" (ICLR 2025, arXiv
+2403.10444), Algorithm 2. Same drafts, same target law as token-wise speculative sampling
+(`chain_verify.rejection_sample`), and at least as many accepted drafts in expectation.
+
+Paper notation -> tensors (paper indices are 1-based, tensor positions 0-based):
+  X_i (i = 1..g)          = draft_tokens[:, i-1]
+  Mb(. | c, X^j)          = target_probs[:, j]      (j = 0..g; j = g is the bonus row)
+  Ms(. | c, X^j)          = draft_probs[:, j]       (j = 0..g-1)
+  p_0 = 1,  p_i = min(1, p_{i-1} Mb(X_i | X^{i-1}) / Ms(X_i | X^{i-1}))          (i = 1..g)
+  Z(j)    = sum_x max(p_j Mb(x | X^j) - Ms(x | X^j), 0)     (the paper's residual mass after
+            the j-token prefix; the issue calls Z(i) "Z_{i+1}")
+  h_i     = Z(i) / (Z(i) + 1 - p_i) for i < g,   h_g = p_g
+  tau     = max{i in 1..g : eta_i < h_i}, 0 if there is none (a later position can
+            accept a longer prefix after an earlier eta_i failed)
+  output  = X_1..X_tau, then Y ~ Mb(. | X^g) if tau = g, else
+            Y ~ norm(max(p_tau Mb(. | X^tau) - Ms(. | X^tau), 0))   (tau = 0: p_0 = 1, the
+            token-wise residual at position 0).
+
+Randomness: eta_i is uniforms[:, i-1] (columns 0..g-1, the same columns rejection_sample
+uses for its coins) and Y uses uniforms[:, g]; in seeded mode eta_i = Philox(seed,
+offsets[b] + i - 1, row, SALT_ACCEPT) and Y = Philox(seed, offsets[b] + tau, row,
+SALT_FINAL), exactly the counters of rejection_sample.
+
+Arithmetic, fixed so that every backend can reproduce it bit for bit:
+  * p_i: float64 min(1, float64(p_{i-1}) * float64(p(X_i)) / float64(q(X_i))), NaN -> 0,
+    clamped to [0, 1], then rounded to float32 (p_i is stored as float32). So q == 0 < p
+    gives 1, p == 0 (or NaN) gives 0, and every later p_j is 0 too.
+  * residual weights: r(x) = float64(p_j) * float64(Mb(x)) - float64(Ms(x)) in float64 (the
+    product of two float32 values is exact in float64, so a fused multiply-add gives the same
+    bits), weight(x) = floor(clamp(r, 0, 1) * 2^40) as int64 (NaN -> 0, +inf -> 1).
+    Z(j) is the exact int64 sum of these weights times 2^-40, so no reduction order matters.
+  * h_i = Z / (Z + (1 - p_i)) in float64; a zero denominator (Z = 0 and p_i = 1) gives 1.
+    The acceptance test is strict, eta_i < h_i (the paper writes <=: the same law for a
+    continuous eta), so h = 0 never accepts and h = 1 always does for eta in [0, 1).
+  * Y: the inverse-CDF draw of `_sampling.sample_with_fallback` on those weights, falling
+    back to Mb(. | X^tau) when the residual is empty and to the row's lowest index when that
+    is empty too (NaN, inf or all-zero rows), so ids are always in [0, V).
+
+Ragged rows (`num_draft_tokens`): row b has n_b drafts; its last threshold is h_{n_b} =
+p_{n_b}, thresholds past n_b are 0, and its bonus row is target_probs[b, n_b]. An invalid
+draft id (-1 padding or outside [0, V)) gives p_i = 0, so no prefix containing it is kept.
+"""
+
+import torch
+
+from ._sampling import WEIGHT_SCALE, as_int64, gather_token_values, sample_with_fallback, to_weights
+from .chain_verify import Coins, draft_mask, emit, row_at
+
+OP = "block_verify"
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+# ---------------------------------------------------------------- input checks
+
+def _fail(message: str, error=ValueError):
+    raise error(f"{OP}: {message}")
+
+
+def _dtype_names(dtypes) -> str:
+    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def _tensor(name: str, x, shape: tuple, dtypes, device=None) -> torch.Tensor:
+    """Check a tensor argument; `shape` entries are an int to match or a str naming a free dim."""
+    if not isinstance(x, torch.Tensor):
+        _fail(f"`{name}` must be a torch.Tensor (got {type(x).__name__})", TypeError)
+    if x.dim() != len(shape) or any(not isinstance(s, str) and x.shape[i] != s for i, s in enumerate(shape)):
+        expected = "[" + ", ".join(str(s) for s in shape) + "]"
+        _fail(f"`{name}` must have shape {expected} (got {list(x.shape)})")
+    if x.dtype not in dtypes:
+        _fail(f"`{name}` must have dtype {_dtype_names(dtypes)} (got {str(x.dtype).replace('torch.', '')})", TypeError)
+    if device is not None and x.device != device:
+        _fail(f"`{name}` must be on {device}, like `draft_tokens` (got {x.device})")
+    return x
+
+
+def _can_inspect(x: torch.Tensor) -> bool:
+    """Value checks only for CPU tensors outside torch.compile (never a GPU sync)."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def check_inputs(target_probs, draft_probs, draft_tokens, uniforms, seed, offsets, num_draft_tokens) -> None:
+    """Raise a one-line ValueError/TypeError naming the argument for any malformed input."""
+    _tensor("draft_tokens", draft_tokens, ("B", "g"), INDEX_DTYPES)
+    batch, g = draft_tokens.shape
+    device = draft_tokens.device
+    _tensor("target_probs", target_probs, (batch, g + 1, "V"), FLOAT_DTYPES, device)
+    vocab = target_probs.shape[-1]
+    if vocab == 0:
+        _fail("`target_probs` has an empty vocabulary dimension")
+    _tensor("draft_probs", draft_probs, (batch, g, vocab), FLOAT_DTYPES, device)
+    if draft_probs.dtype != target_probs.dtype:
+        _fail(f"`target_probs` and `draft_probs` must share one dtype (got {target_probs.dtype} and "
+              f"{draft_probs.dtype})", TypeError)
+    if _can_inspect(draft_tokens) and draft_tokens.numel():
+        low, high = int(draft_tokens.min()), int(draft_tokens.max())
+        if low < -1 or high >= vocab:
+            _fail(f"`draft_tokens` holds ids outside [-1, {vocab}) (min {low}, max {high})")
+    if num_draft_tokens is not None:
+        _tensor("num_draft_tokens", num_draft_tokens, (batch,), INDEX_DTYPES, device)
+        if _can_inspect(num_draft_tokens) and batch:
+            low, high = int(num_draft_tokens.min()), int(num_draft_tokens.max())
+            if low < 0 or high > g:
+                _fail(f"`num_draft_tokens` must lie in [0, {g}] (got min {low}, max {high})")
+    if (uniforms is None) == (seed is None):
+        _fail("pass exactly one of `uniforms` (caller-supplied randomness) and `seed`")
+    if uniforms is not None:
+        _tensor("uniforms", uniforms, (batch, g + 1), (torch.float32, torch.float64), device)
+        if _can_inspect(uniforms) and uniforms.numel() and not bool(((uniforms >= 0) & (uniforms < 1)).all()):
+            _fail("`uniforms` must lie in [0, 1) (no NaN)")
+        if offsets is not None:
+            _fail("`offsets` only applies to seeded mode (`seed=`)")
+    elif isinstance(seed, torch.Tensor):
+        _tensor("seed", seed, (batch,), INDEX_DTYPES, device)
+    elif isinstance(seed, bool) or not isinstance(seed, int):
+        _fail(f"`seed` must be an int or an int64/int32 tensor [B] of per-request seeds (got {type(seed).__name__})",
+              TypeError)
+    elif not -(2**63) <= seed < 2**63:
+        _fail(f"`seed` must fit in a signed 64-bit integer (got {seed})")
+    if offsets is not None:
+        _tensor("offsets", offsets, (batch,), INDEX_DTYPES, device)
+
+
+# ---------------------------------------------------------------- the algorithm's pieces
+
+def prefix_ratios(target_probs, draft_probs, draft_tokens, valid) -> torch.Tensor:
+    """float32 [B, g+1]: p_0 = 1, p_i = min(1, p_{i-1} p(X_i) / q(X_i)) (0 where X_i is not a
+    valid, existing draft). `valid` is bool [B, g]."""
+    g = draft_tokens.shape[1]
+    p_tok, in_range = gather_token_values(target_probs[:, :g], draft_tokens)
+    q_tok, _ = gather_token_values(draft_probs, draft_tokens)
+    valid = valid & in_range
+    ratios = [torch.ones(draft_tokens.shape[0], dtype=torch.float32, device=draft_tokens.device)]
+    for i in range(g):  # a sequential scan over g, vectorised over B (min() breaks a cumprod)
+        ratio = ratios[-1].double() * p_tok[:, i].double() / q_tok[:, i].double()
+        ratio = torch.nan_to_num(ratio, nan=0.0, posinf=1.0, neginf=0.0).clamp(0.0, 1.0)
+        ratios.append(torch.where(valid[:, i], ratio, torch.zeros_like(ratio)).float())
+    return torch.stack(ratios, dim=1)
+
+
+def residual_weights(scale: torch.Tensor, target_rows: torch.Tensor, draft_rows: torch.Tensor) -> torch.Tensor:
+    """int64 [..., V]: floor(clamp(scale * target - draft, 0, 1) * 2^40), computed in float64.
+
+    scale [...] float32 (p_j), target_rows / draft_rows [..., V] (any float dtype).
+    """
+    r = scale.double().unsqueeze(-1) * target_rows.float().double() - draft_rows.float().double()
+    r = torch.nan_to_num(r, nan=0.0, posinf=1.0, neginf=0.0).clamp(0.0, 1.0)
+    return torch.floor(r * WEIGHT_SCALE).to(torch.int64)
+
+
+def residual_masses(p_cum, target_probs, draft_probs) -> torch.Tensor:
+    """float64 [B, g]: Z(j) = sum_x max(p_j p(x | X^j) - q(x | X^j), 0) for j = 0..g-1, as
+    the exact int64 sum of the fixed-point weights times 2^-40."""
+    g = draft_probs.shape[1]
+    weights = residual_weights(p_cum[:, :g], target_probs[:, :g], draft_probs)
+    return weights.sum(dim=-1).double() / WEIGHT_SCALE
+
+
+def acceptance_thresholds(p_cum, masses, num_drafts) -> torch.Tensor:
+    """float64 [B, g]: column i-1 holds h_i (i = 1..g) of Algorithm 2.
+
+    h_i = Z(i) / (Z(i) + 1 - p_i) for i < n_b (a zero denominator gives 1), h_{n_b} = p_{n_b},
+    and 0 past the row's last draft n_b.
+    """
+    batch, g = masses.shape
+    index = torch.arange(1, g + 1, device=masses.device).unsqueeze(0)
+    p_i = p_cum[:, 1:].double()
+    z_next = torch.cat([masses[:, 1:], masses.new_zeros(batch, 1)], dim=1)  # Z(i) for i = 1..g (Z(g) unused)
+    denom = z_next + (1.0 - p_i)
+    inner = torch.where(denom > 0, z_next / denom, torch.ones_like(denom))
+    n = num_drafts.unsqueeze(1)
+    return torch.where(index < n, inner, torch.where(index == n, p_i, torch.zeros_like(p_i)))
+
+
+# ---------------------------------------------------------------- the op
+
+def block_verify(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None, offsets=None,
+                 num_draft_tokens=None):
+    """Block verification (Sun et al. 2025, Algorithm 2): lossless, >= token-wise acceptance.
+
+    Args:
+        target_probs: [B, g+1, V] float32/float16/bfloat16: the target's distributions at the
+            g draft positions and the bonus position (after the sampling filters).
+        draft_probs: [B, g, V], same dtype: the distributions the drafts were sampled from
+            (one-hot rows for deterministic drafts).
+        draft_tokens: [B, g] int64/int32, ids in [0, V) (-1 padding, never accepted).
+        uniforms: [B, g+1] float32/float64 in [0, 1): eta_1..eta_g in columns 0..g-1, the
+            draw of the final token in column g (whatever the row's num_draft_tokens).
+        seed: int (rows keyed by batch index) or int64/int32 [B] (one seed per request),
+            instead of `uniforms`; offsets: [B] int64/int32 absolute position of draft 0.
+        num_draft_tokens: [B] int64/int32 in [0, g]: ragged rows.
+
+    Returns:
+        output_tokens [B, g+1] int64 (X_1..X_tau, Y, then -1 padding), num_accepted [B] int64
+        (= tau).
+    """
+    check_inputs(target_probs, draft_probs, draft_tokens, uniforms, seed, offsets, num_draft_tokens)
+    draft_tokens, num_draft_tokens = as_int64(draft_tokens), as_int64(num_draft_tokens)
+    batch, g = draft_tokens.shape
+    device = draft_tokens.device
+    exists = draft_mask(draft_tokens, num_draft_tokens)
+    num_drafts = exists.sum(dim=1)
+    coins = Coins(uniforms, seed, offsets, batch, g, device)  # eta_i is coins.accept[:, i - 1]
+
+    p_cum = prefix_ratios(target_probs, draft_probs, draft_tokens, exists)
+    h = acceptance_thresholds(p_cum, residual_masses(p_cum, target_probs, draft_probs), num_drafts)
+    passed = coins.accept < h  # strict: h = 0 never passes, h = 1 always does
+    index = torch.arange(1, g + 1, device=device).unsqueeze(0)
+    tau = (passed.to(torch.int64) * index).amax(dim=1) if g else torch.zeros(batch, dtype=torch.int64, device=device)
+    accept = index <= tau.unsqueeze(1)  # the prefix X_1..X_tau
+
+    def final_token(num_accepted):
+        u = coins.final(num_accepted)
+        p_row = row_at(target_probs, num_accepted)
+        plain = to_weights(p_row)
+        if g == 0:
+            return sample_with_fallback(plain, plain, u)
+        q_row = row_at(draft_probs, num_accepted.clamp(max=g - 1))
+        scale = p_cum.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
+        residual = residual_weights(scale, p_row, q_row)
+        bonus = (num_accepted == num_drafts).unsqueeze(1)
+        return sample_with_fallback(torch.where(bonus, plain, residual), plain, u)
+
+    return emit(accept, draft_tokens, final_token)
