@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 import torch
 
-from .engine import describe_error
+from .device import describe_error
 from .model import FAIL, PASS, SKIP, Plan, Result
 
 

@@ -11,7 +11,8 @@ from .cases_chain import chain_cases
 from .cases_early_exit import early_exit_cases
 from .cases_kv import kv_cases
 from .cases_tree import tree_cases
-from .engine import ContextLost, context_alive, describe_error, run_engine, sync
+from .device import ContextLost, context_alive, describe_error, sync
+from .engine import run_engine
 from .model import FAIL, PASS, SKIP, Case, Plan, Result
 
 CASE_FAMILIES = (chain_cases, tree_cases, attention_cases, kv_cases, early_exit_cases)
