@@ -1,0 +1,196 @@
+"""`custom_generate`: specdec_kernels.generate behind HF's own `model.generate` (`specdec_kernels.custom_generate`).
+
+    out = target.generate(**batch, custom_generate=custom_generate, assistant_model=draft, max_new_tokens=64)
+
+Transformers 5.x (GenerationMixin.generate) prepares the generation config, the logits processors, the
+stopping criteria and the model kwargs, then calls the callable as
+`custom_generate(model, input_ids, logits_processor=, stopping_criteria=, generation_config=, **extra, **model_kwargs)`,
+where `extra` holds the generate() keywords that this function's signature names beyond HF's `_sample`
+(GenerationMixin._extract_generation_mode_kwargs) and `inputs_tensor` (the encoder inputs) since the
+signature names it. This module only translates those into `specdec_kernels.generate`'s arguments
+(../shared/ARCHITECTURE.md: it sits above decoding/), and refuses, with a one-line error, whatever
+HF would apply that the engine does not: it never ignores a processor or a criterion silently.
+
+For a callable, HF keeps only those named extras: `assistant_model` and `streamer`, which are explicit
+parameters of generate(), never reach it. They are read from the calling generate() frame (its public
+parameters, by name); `draft_model=` passes the draft without that.
+"""
+
+import inspect
+import sys
+import warnings
+
+import torch
+
+from ..decoding import api
+from ..decoding.api import accepted_options
+
+OP = "custom_generate"
+STRATEGIES = ("speculative", "bild", "specdec", "ppd", "plain")
+# every strategy's options, plus the engine's own: HF passes a keyword through only if the signature names it
+OPTIONS = tuple(dict.fromkeys(o for s in STRATEGIES for o in accepted_options(s)))
+ENGINE_KEYWORDS = ("strategy", "seed", "backend", "cuda_graphs")
+# model kwargs HF prepares itself (or we read): anything else non-None is refused
+HF_MODEL_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep", "cache", "past_key_values",
+                   "encoder_outputs", "cache_position"}
+REFUSED_CONFIG = {"num_beams": 1, "num_return_sequences": 1, "output_scores": False, "output_logits": False,
+                  "output_attentions": False, "output_hidden_states": False}
+
+
+def fail(message: str, kind=ValueError):
+    raise kind(f"{OP}: {message}")
+
+
+def _calling_generate():
+    """The locals of the HF generate() that called custom_generate (None if not found)."""
+    frame = sys._getframe(2)
+    try:
+        for _ in range(4):
+            if frame is None:
+                return None
+            local = frame.f_locals
+            if (frame.f_code.co_name == "generate" and "custom_generate" in local and "assistant_model" in local
+                    and "streamer" in local):
+                return {"assistant_model": local["assistant_model"], "streamer": local["streamer"]}
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
+def _sampling(logits_processor, do_sample: bool) -> dict:
+    """temperature / top_k / top_p from HF's warpers; any other processor is refused."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    order = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)  # HF's order and the engine's
+    found, last = {}, -1
+    for processor in logits_processor or ():
+        kind = type(processor)
+        if kind not in order:
+            fail(f"logits processor {kind.__name__} is not supported by the speculative engine (only temperature, "
+                 "top_k and top_p, applied to target and draft alike); drop it or decode without custom_generate")
+        if kind in found or order.index(kind) < last:
+            fail(f"logits processor {kind.__name__} appears twice or out of HF's order (temperature, top_k, top_p)")
+        last = order.index(kind)
+        if kind is not TemperatureLogitsWarper and (processor.min_tokens_to_keep != 1
+                                                    or processor.filter_value != -float("inf")):
+            fail(f"{kind.__name__} with min_tokens_to_keep={processor.min_tokens_to_keep} / "
+                 f"filter_value={processor.filter_value} is not supported (only 1 / -inf)")
+        found[kind] = processor
+    out = dict(do_sample=bool(do_sample), temperature=1.0, top_k=None, top_p=None)
+    if TemperatureLogitsWarper in found:
+        out["temperature"] = float(found[TemperatureLogitsWarper].temperature)
+    if TopKLogitsWarper in found:
+        out["top_k"] = int(found[TopKLogitsWarper].top_k)
+    if TopPLogitsWarper in found:
+        out["top_p"] = float(found[TopPLogitsWarper].top_p)
+    return out
+
+
+def _stopping(stopping_criteria, prompt_width: int) -> tuple[int, list]:
+    """max_new_tokens and the EOS ids from HF's criteria; any other criterion is refused."""
+    from transformers import EosTokenCriteria, MaxLengthCriteria
+
+    max_length, eos = None, []
+    for criterion in stopping_criteria or ():
+        if type(criterion) is MaxLengthCriteria:
+            max_length = criterion.max_length if max_length is None else min(max_length, criterion.max_length)
+        elif type(criterion) is EosTokenCriteria:
+            ids = criterion.eos_token_id
+            eos += [int(e) for e in (ids.flatten().tolist() if isinstance(ids, torch.Tensor) else
+                                     (ids if isinstance(ids, (list, tuple)) else [ids]))]
+        else:
+            fail(f"stopping criterion {type(criterion).__name__} is not supported by the speculative engine "
+                 "(only max length and EOS)")
+    if max_length is None:
+        fail("no MaxLengthCriteria: pass max_new_tokens or max_length")
+    max_new_tokens = max_length - prompt_width
+    if max_new_tokens < 1:
+        fail(f"max_length ({max_length}) leaves no room after the {prompt_width}-token prompt: pass max_new_tokens")
+    return max_new_tokens, list(dict.fromkeys(eos))
+
+
+def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
+                    synced_gpus=False, streamer=None, **model_kwargs):
+    """HF's custom_generate contract (transformers 5.x); see the module docstring. Keywords of the
+    signature beyond HF's: strategy (default "speculative" with a draft, else "plain"), draft_model,
+    seed, backend, cuda_graphs, inputs_tensor, and every strategy option of specdec_kernels.generate."""
+    ours = {name: model_kwargs.pop(name) for name in (*OPTIONS, *ENGINE_KEYWORDS) if name in model_kwargs}
+    inputs_tensor = model_kwargs.pop("inputs_tensor", None)
+    caller = _calling_generate()
+    if caller is None:  # not called by HF's generate(), or a transformers whose generate() we cannot read
+        warnings.warn(f"{OP}: could not read assistant_model / streamer from the calling generate(); an "
+                      "assistant_model passed there is not used: pass the draft as draft_model= instead",
+                      RuntimeWarning, stacklevel=2)
+        caller = {}
+    streamer = streamer if streamer is not None else caller.get("streamer")
+    if streamer is not None:
+        streamer.end()  # HF already put the prompt: release a consumer waiting on it
+        fail("streamer is not supported yet (tokens are not fed as they are accepted); call without it")
+    if synced_gpus:
+        fail("synced_gpus is not supported")
+    config = generation_config if generation_config is not None else model.generation_config
+    for name, default in REFUSED_CONFIG.items():
+        value = getattr(config, name, None)
+        if value is not None and value != default:
+            fail(f"{name}={value} is not supported (only {default})")
+    extra = sorted(k for k, v in model_kwargs.items() if v is not None and k not in HF_MODEL_KWARGS)
+    if extra:
+        fail(f"model kwargs {', '.join(extra)} are not supported")
+    cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))
+    if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+        fail("a filled past_key_values cache is not supported: the engine keeps its own")
+
+    assistant = caller.get("assistant_model")
+    draft = ours.pop("draft_model", None)
+    if assistant is not None and draft is not None and assistant is not draft:
+        fail("pass the draft once: assistant_model= or draft_model=")
+    draft = draft if draft is not None else assistant
+    strategy = ours.pop("strategy", None) or ("speculative" if draft is not None else "plain")
+    if not isinstance(strategy, str):
+        fail("strategy= names a strategy here (" + ", ".join(STRATEGIES) + ")", TypeError)
+    if strategy not in STRATEGIES:
+        fail(f"unknown strategy {strategy!r}; available: {', '.join(STRATEGIES)}")
+    engine = {k: ours.pop(k) for k in ("seed", "backend", "cuda_graphs") if k in ours}
+    options = dict(ours)
+    if draft is not None:
+        if "draft_model" not in accepted_options(strategy):
+            fail(f"strategy {strategy!r} takes no draft model (assistant_model / draft_model); its options: "
+                 f"{', '.join(accepted_options(strategy)) or 'none'}")
+        options["draft_model"] = draft
+    unknown = [o for o in options if o not in accepted_options(strategy)]
+    if unknown:
+        fail(f"strategy {strategy!r} has no option {', '.join(map(repr, unknown))}; its options: "
+             f"{', '.join(accepted_options(strategy)) or 'none'}", TypeError)
+
+    encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+    prompts = inputs_tensor if encoder_decoder else input_ids
+    if encoder_decoder and (prompts is None or input_ids.shape[1] != 1):
+        fail("encoder-decoder models need encoder input_ids and no decoder_input_ids")
+    mask = model_kwargs.get("attention_mask")  # HF drops an all-ones mask (no padding)
+    sampling = _sampling(logits_processor, getattr(config, "do_sample", False))
+    max_new_tokens, eos = _stopping(stopping_criteria, input_ids.shape[1])
+    result = api.generate(model, prompts, strategy=strategy, attention_mask=mask, max_new_tokens=max_new_tokens,
+                          eos_token_id=eos, pad_token_id=getattr(config, "pad_token_id", None), **sampling,
+                          **engine, **options)
+    sequences = result.sequences
+    if not getattr(config, "return_dict_in_generate", False):
+        return sequences
+    from transformers.generation import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
+
+    out = (GenerateEncoderDecoderOutput if encoder_decoder else GenerateDecoderOnlyOutput)(sequences=sequences)
+    out.stats = result.stats  # our statistics (not a ModelOutput field: kept out of to_tuple())
+    return out
+
+
+def _signature() -> inspect.Signature:
+    """HF's `_sample` parameters, then every keyword this module takes (HF passes only those named)."""
+    base = inspect.signature(custom_generate)
+    params = [p for p in base.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    for name in (*ENGINE_KEYWORDS, *OPTIONS, "inputs_tensor"):
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None))
+    params.append(base.parameters["model_kwargs"])
+    return base.replace(parameters=params)
+
+
+custom_generate.__signature__ = _signature()
