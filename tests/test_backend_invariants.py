@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec_kernels import ops
+from gpu_support import backends_here
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -21,17 +22,6 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BIT_EXACT = {"rejection_sample", "greedy_verify", "relaxed_verify", "tree_greedy_verify", "tree_rejection_sample"}
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-def runnable_backends(op: str) -> list[str]:
-    names = []
-    for backend in ops.implemented_backends(op):
-        try:
-            ops.resolve(op, backend, DEVICE)
-        except (ValueError, RuntimeError):
-            continue
-        names.append(backend)
-    return names
 
 
 def adversarial(scores: torch.Tensor, kinds: list[int], logits: bool) -> torch.Tensor:
@@ -125,7 +115,7 @@ def to_device(inputs: dict) -> dict:
 
 
 def run_all(op: str, inputs: dict) -> dict:
-    return {backend: getattr(ops, op)(**inputs, backend=backend) for backend in runnable_backends(op)}
+    return {backend: getattr(ops, op)(**inputs, backend=backend) for backend in backends_here(op)}
 
 
 @pytest.mark.parametrize("op", ["rejection_sample", "rejection_sample_logits", "greedy_verify", "relaxed_verify",
@@ -236,7 +226,7 @@ def test_unvalidated_bad_uniforms_still_draw_inside_the_row(op, bad_u):
     else:
         args = (p, torch.cat([q, q], dim=1), torch.tensor([[0, 3], [0, 4]]), torch.tensor([[-1, 0], [-1, 0]]))
     results = {}
-    for backend in runnable_backends(op):
+    for backend in backends_here(op):
         kwargs = {"uniforms": u.to(DEVICE)} | ({"max_depth": 1} if op.startswith("tree") else {})
         results[backend] = implementation(op, backend)(*(a.to(DEVICE) for a in args), **kwargs)
         tokens = results[backend][0].cpu()

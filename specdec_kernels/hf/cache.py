@@ -87,6 +87,10 @@ class SpecCache(Cache):
         if backend not in ("auto", *ops.BACKENDS):
             check.fail(op, f"`backend` must be one of 'auto', 'torch', 'triton', 'cuda' (got {backend!r})")
         self.backend = backend
+        # kv_rollback is one add on the device (no kernel): where the backend has no form of it, the
+        # torch form is that backend's rollback, rather than a failing call
+        self._rollback_backend = (backend if backend == "auto" or backend in ops.implemented_backends("kv_rollback")
+                                  else "torch")
         shape = (num_layers, batch_size, num_kv_heads, max_length, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
@@ -236,12 +240,7 @@ class SpecCache(Cache):
         if (self._written and isinstance(num_accepted, Tensor) and check.can_inspect(num_accepted)
                 and num_accepted.numel() and int(num_accepted.max()) >= self._written):
             check.fail("SpecCache.rollback", f"`num_accepted` must be < {self._written}, the tokens the last forward wrote")
-        # kv_rollback is one add on the device (no kernel): where the cache's backend has no form of
-        # it, the torch form is that backend's rollback, rather than a failing call
-        backend = self.backend
-        if backend != "auto" and backend not in ops.implemented_backends("kv_rollback"):
-            backend = "torch"
-        self.seq_lens.copy_(ops.kv_rollback(self.seq_lens, num_accepted, backend=backend))
+        self.seq_lens.copy_(ops.kv_rollback(self.seq_lens, num_accepted, backend=self._rollback_backend))
         self._lengths_grew(self._written)
         return self.seq_lens
 

@@ -82,7 +82,8 @@ from torch import Tensor
 
 from .. import ops
 from ..ops import _validate as check
-from ..reference import rng
+from ..reference._sampling import gather_token_values
+from ..reference.chain_verify import Coins
 
 OP = "chain_speculative_sampling"
 BACKENDS = ("auto", "torch", "triton", "cuda")
@@ -172,13 +173,10 @@ def _op_ids(draft_token_ids: Tensor) -> Tensor:
 def _passes(draft_probs: Tensor, draft_token_ids: Tensor, target_probs: Tensor, coins: Tensor) -> Tensor:
     """bool [B, g]: each draft's own test u_i * q_i(x_i) < p_i(x_i), exactly as ops.rejection_sample
     evaluates it (float32 probabilities, float64 product); out-of-range ids never pass."""
-    g, vocab = draft_token_ids.shape[1], draft_probs.shape[-1]
     ids = draft_token_ids.to(torch.int64)
-    in_range = (ids >= 0) & (ids < vocab)
-    safe = torch.where(in_range, ids, torch.zeros_like(ids)).unsqueeze(-1)
-    p = target_probs[:, :g].gather(-1, safe).squeeze(-1).float().double()
-    q = draft_probs.gather(-1, safe).squeeze(-1).float().double()
-    return (coins.to(torch.float64) * q < p) & in_range
+    p, in_range = gather_token_values(target_probs[:, :ids.shape[1]], ids)
+    q, _ = gather_token_values(draft_probs, ids)
+    return (coins.to(torch.float64) * q.double() < p.double()) & in_range
 
 
 def _to_int64_bits(x: Tensor) -> Tensor:
@@ -318,10 +316,9 @@ def chain_speculative_sampling(
     else:
         seeds, offsets = _seeds_and_offsets(seed, offset, batch, device)
         out, num_accepted = ops.rejection_sample(p, q, ids, seed=seeds, offsets=offsets, backend=backend)
-        # the op's own coins (the counter layout of ops.rejection_sample's seeded mode, row key 0
-        # for per-request seeds), every position, also past the first rejection
-        positions = offsets.unsqueeze(1) + torch.arange(g, dtype=torch.int64, device=device)
-        coins = rng.philox_uniform(seeds.unsqueeze(1), positions, 0, rng.SALT_ACCEPT)
+        # the op's own coins (the reference's counter layout for per-request seeds), every position,
+        # also past the first rejection
+        coins = Coins(None, seeds, offsets, batch, g, device).accept
     passes = _passes(q, ids, p, coins)
     return _finish(out, num_accepted, passes, maybe_output_accepted_token_num, maybe_output_emitted_draft_token_num)
 

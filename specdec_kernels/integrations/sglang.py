@@ -39,7 +39,7 @@ as SGLang computes it), reproduced exactly; the new token is then drawn with our
 LOSSY: with thresholds below 1 the output no longer follows the target distribution.
 
 Beyond SGLang: a row whose `draft_probs` are not all zero is verified with those draft
-probabilities (SGLang's source leaves "FIXME: leverage draft probs"): draft_probs[b, i] is the
+probabilities (SGLang's source marks using them as work still to do): draft_probs[b, i] is the
 draft distribution after node i (SGLang's layout, like target_probs), node i's children are
 taken as i.i.d. draws from it, and our op runs SpecInfer-style recursive rejection sampling,
 lossless. A node's coin is then its own column, uniform_samples[b, c]. All-zero rows in the
