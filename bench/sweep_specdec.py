@@ -18,6 +18,14 @@ default target is a tiny random Llama, created on the fly).
 
     python bench/sweep_specdec.py --target PATH --tokenizer PATH --out bench/results   # GPU, real pair
     python bench/sweep_specdec.py --smoke --out /tmp/bench                             # tiny (CI, CPU)
+
+--default-models (or --models PATH, a set in the defaults layout): the embedded default pair and its
+shipped drafter (no training), every k in --block-sizes (default 1 3 5 8) with the same drafter, on
+two prompt sets, the demo's prompts and held-out text (_stdlib_text.HELD_OUT); greedy is the
+engine's plain decoding of the target (EOS ignored everywhere). Adds per row the share of generated
+tokens that differ from greedy, and one plot (tokens per target forward over k, per setting):
+
+    python bench/sweep_specdec.py --default-models --out bench/results/specdec_sweep_cpu   # issue 28
 """
 
 import argparse
@@ -147,8 +155,113 @@ def sweep_row(k, beta, tau, target, drafter, prompts, greedy, greedy_s, args, de
             "verify_ms": round(1e3 * totals["verify"] / max(totals["steps"], 1), 3)}
 
 
+DEFAULT_SETTINGS = ((1, 0.0), (3, 1.0), (5, 3.0))
+
+
+def differing_share(outs, expected) -> float:
+    """Share of generated positions whose token differs from greedy's at the same position."""
+    total = sum(g.numel() for g in expected)
+    same = sum(int((o[:g.numel()] == g[:o.numel()]).sum()) for o, g in zip(outs, expected))
+    return 1 - same / max(total, 1)
+
+
+def default_models_sweep(args):
+    """The issue-28 sweep on a default-models set: (set, k, beta, tau) rows, one plot."""
+    from specdec_kernels.defaults import load_default_models
+    from specdec_kernels.demo import PROMPTS
+
+    from _stdlib_text import HELD_OUT, stdlib_files  # noqa: E402
+
+    device = torch.device(args.device)
+    models = load_default_models(args.models, device=device, dtype=torch.float32)
+    tok, target, drafter = models.tokenizer, models.target, models.specdec_drafter
+    held = []
+    for text in stdlib_files(HELD_OUT).values():
+        held += tok(text, add_special_tokens=False)["input_ids"]
+    stride = len(held) // args.prompts
+    sets = {"demo": [torch.tensor([tok(p, add_special_tokens=False)["input_ids"]]) for p in PROMPTS],
+            "held-out": [torch.tensor([held[i * stride:i * stride + args.prompt_length]]) for i in range(args.prompts)]}
+    rows = []
+    for name, prompts in sets.items():
+        greedy, greedy_s = [], 0.0
+        for ids in prompts:
+            out, seconds = timed(device, lambda: specdec_kernels.generate(
+                target, ids.to(device), strategy="plain", max_new_tokens=args.max_new_tokens, eos_token_id=[]))
+            greedy.append(out.sequences[0, ids.shape[1]:].cpu())
+            greedy_s += seconds
+        for k in args.block_sizes:
+            for beta, tau in DEFAULT_SETTINGS:
+                options = dict(strategy="specdec", drafter=drafter, block_size=k, top_beta=beta, tau=tau,
+                               max_new_tokens=args.max_new_tokens, eos_token_id=[])
+                outs, total, emitted, forwards = [], 0.0, 0, 0
+                accepted_at, drafted_at = [0.0] * k, [0] * k
+                for ids in prompts:
+                    out, seconds = timed(device, lambda: specdec_kernels.generate(target, ids.to(device), **options))
+                    total += seconds
+                    outs.append(out.sequences[0, ids.shape[1]:].cpu())
+                    emitted += out.stats.emitted_tokens
+                    forwards += out.stats.target_forwards
+                    for i, rate in enumerate(out.stats.per_position_acceptance[:k]):
+                        drafted_at[i] += 1
+                        accepted_at[i] += rate
+                acc = [round(a / max(d, 1), 3) for a, d in zip(accepted_at, drafted_at)]
+                row = {"set": name, "k": k, "beta": beta, "tau": tau, "lossless": beta == 1 or tau == 0,
+                       "tok_per_forward": round(emitted / max(forwards, 1), 3), "acc_pos1": acc[0],
+                       "per_position_acceptance": acc,
+                       "identical_to_greedy": round(sum(torch.equal(o, g) for o, g in zip(outs, greedy)) / len(greedy), 3),
+                       "differing_tokens": round(differing_share(outs, greedy), 3),
+                       "greedy_prefix_match": round(sum(agreement(o, g) for o, g in zip(outs, greedy)) / len(greedy), 3),
+                       "speedup_vs_plain": round(greedy_s / total, 3)}
+                rows.append(row)
+                print({key: row[key] for key in ("set", "k", "beta", "tau", "tok_per_forward", "acc_pos1",
+                                                  "identical_to_greedy", "differing_tokens")}, flush=True)
+    out = Path(args.out)
+    cols = ["set", "k", "beta", "tau", "lossless", "tok_per_forward", "acc_pos1", "per_position_acceptance",
+            "identical_to_greedy", "differing_tokens", "speedup_vs_plain"]
+    note = (f"default pair ({models.path}), shipped drafter (trained for k={drafter.config.block_size}, used at every k), "
+            f"{len(sets['demo'])} demo prompts and {args.prompts} held-out prompts of {args.prompt_length} tokens, "
+            f"{args.max_new_tokens} new tokens, batch 1, fp32, EOS ignored. acc_pos1 = first-position acceptance; "
+            "differing_tokens = share of generated positions whose token differs from greedy's (0 for lossless rows).")
+    write_report(rows, out, "sweep_specdec", "SpecDec sweep on the default pair: block size x (top_beta, tau)", cols,
+                 "python bench/sweep_specdec.py " + " ".join(sys.argv[1:] if argv_is_cli() else []),
+                 {"models": str(models.path), "threads": torch.get_num_threads()}, note)
+    plot(rows, out / "sweep_specdec.png")
+    return rows
+
+
+def argv_is_cli() -> bool:
+    return Path(sys.argv[0]).name == "sweep_specdec.py"
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sets = sorted({r["set"] for r in rows})
+    fig, axes = plt.subplots(1, len(sets), figsize=(5 * len(sets), 4), sharey=True, squeeze=False)
+    for ax, name in zip(axes[0], sets):
+        for beta, tau in DEFAULT_SETTINGS:
+            pts = [(r["k"], r["tok_per_forward"], r["differing_tokens"]) for r in rows
+                   if r["set"] == name and r["beta"] == beta and r["tau"] == tau]
+            label = f"top_beta={beta}, tau={tau:g}" + (" (lossless)" if beta == 1 or tau == 0 else
+                                                          f" (differing {max(p[2] for p in pts):.0%} max)")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.set_title(f"SpecDec on the default pair: {name} prompts")
+        ax.set_xlabel("block size k")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("tokens per target forward")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--default-models", action="store_true",
+                        help="sweep the embedded default pair with its shipped drafter (see the docstring)")
+    parser.add_argument("--models", help="a default-models folder (implies --default-models)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--target", help="HF causal LM folder (default: a tiny random Llama)")
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the target's, if it has one)")
     parser.add_argument("--drafters", help="folder of trained drafters k<k>/ (trained and saved there if missing)")
@@ -167,6 +280,18 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true", help="tiny everything (CI)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.default_models or args.models:
+        if "--block-sizes" not in (sys.argv if argv is None else argv):
+            args.block_sizes = [1, 3, 5, 8]
+        if "--prompts" not in (sys.argv if argv is None else argv):
+            args.prompts = 8
+        if "--max-new-tokens" not in (sys.argv if argv is None else argv):
+            args.max_new_tokens = 48
+        if "--prompt-length" not in (sys.argv if argv is None else argv):
+            args.prompt_length = 16
+        return default_models_sweep(args)
     if args.smoke:
         args.block_sizes, args.steps, args.train_prompts, args.text_bytes = [3], 10, 32, 20_000
         args.prompt_length, args.continuation_length, args.prompts, args.max_new_tokens = 8, 12, 2, 8

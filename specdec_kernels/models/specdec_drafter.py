@@ -47,6 +47,10 @@ class SpecDecDrafterConfig(PretrainedConfig):
     encoder_layers: 0 for a decoder-only target; > 0 builds the seq2seq form (deep encoder).
     max_position_embeddings: longest prefix + block (decoder side); max_source_positions: encoder.
     block_size: the k it was trained for (the default k when drafting).
+    position_encoding: "learned" (absolute positions added at the input; the paper's form) or
+        "rope" (rotary positions in the decoder's self-attention: relative, so what the drafter
+        learns at one prefix length holds at every other; the default of train_specdec_drafter).
+    rope_theta: the rotary base.
     """
 
     model_type = "specdec_drafter"
@@ -54,14 +58,20 @@ class SpecDecDrafterConfig(PretrainedConfig):
     def __init__(self, vocab_size: int = 32000, hidden_size: int = 256, num_attention_heads: int = 4,
                  intermediate_size: int = 1024, num_layers: int = 2, encoder_layers: int = 0,
                  max_position_embeddings: int = 2048, max_source_positions: int = 1024, block_size: int = 10,
-                 dropout: float = 0.1, layer_norm_eps: float = 1e-5, initializer_range: float = 0.02, **kwargs):
+                 dropout: float = 0.1, layer_norm_eps: float = 1e-5, initializer_range: float = 0.02,
+                 position_encoding: str = "learned", rope_theta: float = 10000.0, **kwargs):
         self.vocab_size, self.hidden_size = vocab_size, hidden_size
         self.num_attention_heads, self.intermediate_size = num_attention_heads, intermediate_size
         self.num_layers, self.encoder_layers = num_layers, encoder_layers
         self.max_position_embeddings, self.max_source_positions = max_position_embeddings, max_source_positions
         self.block_size, self.dropout = block_size, dropout
         self.layer_norm_eps, self.initializer_range = layer_norm_eps, initializer_range
+        self.position_encoding, self.rope_theta = position_encoding, rope_theta
         super().__init__(**kwargs)
+        if position_encoding not in ("learned", "rope"):
+            _fail(f"position_encoding must be 'learned' or 'rope' (got {position_encoding!r})")
+        if position_encoding == "rope" and (hidden_size // num_attention_heads) % 2:
+            _fail(f"rotary positions need an even head width (got {hidden_size // num_attention_heads})")
         if hidden_size % num_attention_heads:
             _fail(f"hidden_size ({hidden_size}) must be a multiple of num_attention_heads ({num_attention_heads})")
 
@@ -138,15 +148,34 @@ class _Attention(nn.Module):
         b, n, d = x.shape
         return x.view(b, n, self.heads, d // self.heads).transpose(1, 2)
 
-    def forward(self, x: Tensor, memory: Tensor, mask: Tensor, past: tuple[Tensor, Tensor] | None = None):
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor, past: tuple[Tensor, Tensor] | None = None,
+                rotary: tuple[Tensor, Tensor] | None = None):
         """x [B, Q, d] queries, memory [B, M, d] keys/values (x itself for self-attention), mask
-        [B, 1, Q, P + M] bool (True = may attend), past (K, V) [B, H, P, D] prepended. Returns the
-        output [B, Q, d] and this call's (K, V) [B, H, M, D]."""
+        [B, 1, Q, P + M] bool (True = may attend), past (K, V) [B, H, P, D] prepended, rotary
+        (cos, sin) [B, 1, Q, D] of the queries' positions (self-attention only: Q == M; the cached
+        keys were rotated when they were written). Returns the output [B, Q, d] and this call's
+        (K, V) [B, H, M, D]."""
         q, k, v = self.split(self.q(x)), self.split(self.k(memory)), self.split(self.v(memory))
+        if rotary is not None:
+            q, k = _rotate(q, *rotary), _rotate(k, *rotary)
         keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
         out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask,
                                              dropout_p=self.dropout if self.training else 0.0)
         return self.o(out.transpose(1, 2).flatten(2)), (k, v)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + turned * sin
+
+
+def rotary_tables(positions: Tensor, width: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(cos, sin) [B, 1, N, width] for positions [B, N] (the rotate-half layout Llama uses)."""
+    inv = 1.0 / theta ** (torch.arange(0, width, 2, device=positions.device, dtype=torch.float32) / width)
+    angles = positions.unsqueeze(-1).float() * inv
+    angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 class _Block(nn.Module):
@@ -164,9 +193,9 @@ class _Block(nn.Module):
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x, mask, past=None, encoder_hidden=None, encoder_mask=None):
+    def forward(self, x, mask, past=None, encoder_hidden=None, encoder_mask=None, rotary=None):
         h = self.norm1(x)
-        attended, new_kv = self.attn(h, h, mask, past)
+        attended, new_kv = self.attn(h, h, mask, past, rotary)
         x = x + self.drop(attended)
         if self.cross:
             x = x + self.drop(self.cross_attn(self.norm_cross(x), encoder_hidden, encoder_mask)[0])
@@ -208,7 +237,8 @@ class SpecDecDrafter(PreTrainedModel):
         super().__init__(config)
         d = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size + 1, d)  # + the mask id
-        self.embed_positions = nn.Embedding(config.max_position_embeddings, d)
+        if config.position_encoding == "learned":
+            self.embed_positions = nn.Embedding(config.max_position_embeddings, d)
         self.layers = nn.ModuleList(_Block(config, cross=config.encoder_layers > 0) for _ in range(config.num_layers))
         if config.encoder_layers > 0:
             self.embed_source_positions = nn.Embedding(config.max_source_positions, d)
@@ -310,21 +340,78 @@ class SpecDecDrafter(PreTrainedModel):
         if cache is not None and cache.max_length + k > self.config.max_position_embeddings:
             _fail(f"cache max_length {cache.max_length} + block {k} exceeds config.max_position_embeddings "
                   f"({self.config.max_position_embeddings})")
-        x = self.drop(self.embed_tokens(torch.cat([input_ids, block_ids], 1))
-                      + self.embed_positions(positions.clamp(max=self.config.max_position_embeddings - 1)))
         past_size = cache.max_length if cache is not None else 0
         mask = block_attention_mask(num_new, n, k, past_lens, past_size)
+        hidden = self._decode(torch.cat([input_ids, block_ids], 1), positions, mask, cache, n, num_new,
+                              encoder_hidden, encoder_mask)
+        logits = self.lm_head(self.norm(hidden[:, n:])).float()  # only the k block rows
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
+                                   label_smoothing=label_smoothing)
+        return SpecDecDrafterOutput(logits=logits, loss=loss)
+
+    def _decode(self, tokens: Tensor, positions: Tensor, mask: Tensor, cache: DrafterCache | None, n: int,
+                num_new: Tensor | None, encoder_hidden: Tensor | None, encoder_mask: Tensor | None) -> Tensor:
+        """The decoder stack over tokens [B, T] at positions [B, T] under mask; with a cache, the
+        first n tokens' K/V are written into it and its lengths advance by num_new."""
+        x = self.embed_tokens(tokens)
+        rotary = None
+        if self.config.position_encoding == "learned":
+            x = x + self.embed_positions(positions.clamp(max=self.config.max_position_embeddings - 1))
+        else:
+            rotary = rotary_tables(positions, self.config.hidden_size // self.config.num_attention_heads,
+                                   self.config.rope_theta, x.dtype)
+        x = self.drop(x)
         for i, layer in enumerate(self.layers):
             past = (cache.keys[i], cache.values[i]) if cache is not None else None
-            x, (keys, values) = layer(x, mask, past, encoder_hidden, encoder_mask)
+            x, (keys, values) = layer(x, mask, past, encoder_hidden, encoder_mask, rotary)
             if cache is not None and n:
                 cache.write(i, keys[:, :, :n], values[:, :, :n])
         if cache is not None:
             cache.seq_lens.add_(num_new)
-        logits = self.lm_head(self.norm(x[:, n:])).float()  # only the k block rows
+        return x
+
+    def forward_blocks(self, input_ids: Tensor, lengths: Tensor, anchors: Tensor, block_ids: Tensor, *,
+                       encoder_hidden: Tensor | None = None, encoder_mask: Tensor | None = None,
+                       labels: Tensor | None = None, label_smoothing: float = 0.0) -> SpecDecDrafterOutput:
+        """Training form: MANY blocks of one sequence in one forward, each exactly what a drafting
+        step computes on its prefix (the single-block forward and the cached steps give the same
+        logits, to float rounding).
+
+        Args:
+            input_ids: [B, N] int64 right-padded sequences, lengths [B] their real tokens.
+            anchors: [B, A] int64 prefix length of each block (block a of row b drafts the tokens
+                after input_ids[b, :anchors[b, a]]), -1 = no block (its rows are ignored).
+            block_ids: [B, A, k] int64 the blocks' inputs (mask id; GLAT reveals some labels).
+            labels: [B, A, k] int64 targets, -100 = ignored.
+        Layout: [sequence ; block 0 ; ... ; block A-1]; the sequence is causal (so its K/V are the
+        cache's), a block's rows see the sequence below its anchor and the rows of its own block;
+        block a's slot i sits at position anchors[b, a] + i.
+        Returns SpecDecDrafterOutput(logits [B, A, k, V] float32, loss)."""
+        _check_ids("input_ids", input_ids)
+        b, n = input_ids.shape
+        a, k = block_ids.shape[1], block_ids.shape[2]
+        device = input_ids.device
+        if self.has_encoder and encoder_hidden is None:
+            _fail("the seq2seq form needs the encoder output (encode(source_ids))")
+        slots = torch.arange(k, device=device)
+        block_pos = (anchors.clamp(min=0).unsqueeze(-1) + slots).flatten(1)  # [B, A*k]
+        positions = torch.cat([torch.arange(n, device=device).expand(b, n), block_pos], 1)
+        seq = torch.arange(n, device=device)
+        seq_rows = torch.cat([seq.view(1, n) <= seq.view(n, 1), torch.zeros(n, a * k, dtype=torch.bool,
+                                                                               device=device)], 1)
+        sees_prefix = seq.view(1, 1, 1, n) < anchors.view(b, a, 1, 1)  # [B, A, 1, n]
+        block_of = torch.arange(a * k, device=device) // k
+        same_block = block_of.view(1, 1, a * k) == torch.arange(a, device=device).view(a, 1, 1)  # [A, 1, A*k]
+        block_rows = torch.cat([sees_prefix.expand(b, a, k, n), same_block.expand(b, a, k, a * k)], 3)
+        mask = torch.cat([seq_rows.expand(b, n, n + a * k), block_rows.reshape(b, a * k, n + a * k)], 1)
+        hidden = self._decode(torch.cat([input_ids, block_ids.flatten(1)], 1), positions, mask.unsqueeze(1),
+                              None, 0, None, encoder_hidden, encoder_mask)
+        logits = self.lm_head(self.norm(hidden[:, n:])).float().view(b, a, k, -1)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
+            loss = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), ignore_index=-100,
                                    label_smoothing=label_smoothing)
         return SpecDecDrafterOutput(logits=logits, loss=loss)
 
