@@ -19,6 +19,7 @@ from contextlib import contextmanager
 import torch
 
 import specdec_kernels
+from specdec_kernels import custom_generate
 
 
 def sync(device: torch.device) -> None:
@@ -66,6 +67,22 @@ def time_calls(fn, device: torch.device, repeats: int, timeout: float | None) ->
             "median_s": statistics.median(times) if times else first, "out": out}
 
 
+def paired_ratio(base, other, device: torch.device, rounds: int) -> tuple[float, float, float]:
+    """(median, min, max) over `rounds` of time(other) / time(base), the two called back to back in each
+    round (alternating which goes first), so a noisy neighbour slows both calls of a round alike."""
+    ratios = []
+    for r in range(rounds):
+        times = {}
+        for name, fn in ((("base", base), ("other", other)) if r % 2 == 0 else (("other", other), ("base", base))):
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times[name] = time.perf_counter() - start
+        ratios.append(times["other"] / times["base"])
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
 def sampling_kwargs(do_sample: bool, hf: bool) -> dict:
     """Temperature 1 and no top-k/top-p filter, so every method samples one distribution (HF's
     top_k=0 switches its default of 50 off; ours has no default filter)."""
@@ -90,11 +107,17 @@ def hf_method(kind: str, target, draft, ids, max_new_tokens: int, do_sample: boo
 def ours_method(kind: str, target, draft, ids, max_new_tokens: int, do_sample: bool, gamma: int, graphs: bool,
                 tree: tuple[int, int] | None = None):
     """A zero-argument callable running our engine: "ours_spec" (speculative; a token tree with
-    tree=(tree_topk, tree_nodes)) or "ours_plain" (greedy)."""
+    tree=(tree_topk, tree_nodes)), "ours_hf_hook" (ours_spec behind HF's model.generate(custom_generate=))
+    or "ours_plain" (greedy)."""
     options = dict(max_new_tokens=max_new_tokens, eos_token_id=[], pad_token_id=0, seed=0,
                    cuda_graphs=None if graphs else False)
     if kind == "ours_plain":
         return lambda: specdec_kernels.generate(target, ids, strategy="plain", **options)
+    if kind == "ours_hf_hook":  # the same call through HF's generate: HF's preparation + the translation
+        del options["eos_token_id"]  # the pairs' configs have no EOS (no_eos), which HF reads
+        return lambda: target.generate(ids, attention_mask=torch.ones_like(ids), custom_generate=custom_generate,
+                                       assistant_model=draft, num_draft_tokens=gamma, return_dict_in_generate=True,
+                                       **options, **sampling_kwargs(do_sample, hf=True))
     return lambda: specdec_kernels.generate(target, ids, strategy="speculative", draft_model=draft,
                                             num_draft_tokens=gamma, **options,
                                             **({} if tree is None else dict(tree_topk=tree[0], tree_nodes=tree[1])),

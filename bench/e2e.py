@@ -5,6 +5,9 @@ Methods (bench/_e2e_runners.py says exactly what each one runs):
     hf_static         HF generate, cache_implementation="static" (compiled by HF on a GPU)
     hf_assisted       HF assisted generation (assistant_model=draft, gamma drafts); batch > 1 fails in HF
     ours_spec         specdec_kernels.generate(strategy="speculative"), CUDA graphs on a GPU ("graphs" column)
+    ours_hf_hook      ours_spec through HF's own target.generate(custom_generate=specdec_kernels.custom_generate,
+                      assistant_model=draft): hook_overhead is its time over ours_spec's, minus 1, the median
+                      of --repeats rounds that call both back to back (hook_overhead_range: min and max)
     ours_plain        our plain greedy: the same engine with a zero-token draft (Leviathan's baseline)
     ours_plain_draft  the same plain loop on the draft model (gives the cost ratio c)
     ours_spec_tree    ours_spec with a token tree (--trees K,N: tree_topk=K, tree_nodes=N at depth gamma); its
@@ -42,7 +45,7 @@ from _report import write_report  # noqa: E402  (bench/ is on sys.path)
 HF_METHODS = ("hf_dynamic", "hf_static", "hf_assisted")
 COLS = ["pair", "noise", "batch", "mode", "method", "graphs", "gamma", "tree", "status", "tok_s", "first_call_s",
         "second_call_s", "alpha", "acceptance_rate", "mean_accepted", "c", "theory_speedup", "speedup_vs_plain", "measured_over_theory",
-        "speedup_vs_hf_static", "vs_chain", "matches_hf_greedy", "error"]
+        "speedup_vs_hf_static", "vs_chain", "hook_overhead", "hook_overhead_range", "matches_hf_greedy", "error"]
 
 
 def parse_args(argv):
@@ -176,8 +179,27 @@ def run_pair(pair: Pair, args, device, static_tok_s: dict, first_level: bool) ->
                         if hf_greedy is not None:
                             row["matches_hf_greedy"] = bool(torch.equal(new_tokens(out, ids.shape[1]), hf_greedy))
                     rows.append(row)
+                    rows.append(hook_row(pair, args, device, ids, at_mode, gamma, graphs, row, hf_greedy))
             rows += tree_rows(pair, args, device, ids, at_mode, rows, graph_modes, hf_greedy)
     return rows
+
+
+def hook_row(pair: Pair, args, device, ids, at_mode: dict, gamma: int, graphs: bool, spec: dict, hf_greedy) -> dict:
+    """ours_hf_hook: the ours_spec call made through HF's generate; its overhead over calling us directly."""
+    sampling = at_mode["mode"] == "sampling"
+    hook = run.ours_method("ours_hf_hook", pair.target, pair.draft, ids, args.max_new_tokens, sampling, gamma, graphs)
+    row, out = measure({**at_mode, "method": "ours_hf_hook", "graphs": graphs, "gamma": gamma}, hook, device, args)
+    if out is not None:
+        row["mean_accepted"] = round(out.stats.mean_accepted_tokens, 3)
+        if spec.get("status") == "ok":
+            direct = run.ours_method("ours_spec", pair.target, pair.draft, ids, args.max_new_tokens, sampling, gamma,
+                                     graphs)
+            ratio, low, high = run.paired_ratio(direct, hook, device, max(args.repeats, 3))
+            row["hook_overhead"] = round(ratio - 1, 4)
+            row["hook_overhead_range"] = f"{low - 1:.4f}..{high - 1:.4f}"
+        if hf_greedy is not None:
+            row["matches_hf_greedy"] = bool(torch.equal(new_tokens(out, ids.shape[1]), hf_greedy))
+    return row
 
 
 def tree_rows(pair: Pair, args, device, ids, at_mode: dict, done: list[dict], graph_modes, hf_greedy) -> list[dict]:

@@ -125,3 +125,12 @@ def test_early_exit_topk_pytest_benchmark_suite_runs_one_case():
                            "B3-H64-V200 and baseline"], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
+
+
+def test_hf_hook_overhead_bench_runs(tmp_path):
+    """bench/hf_hook_overhead.py: both ways give the same tokens (it asserts so) and the report is written."""
+    subprocess.run([sys.executable, str(ROOT / "bench/hf_hook_overhead.py"), "--rounds", "2", "--out", str(tmp_path)],
+                   check=True, capture_output=True, text=True)
+    rows = json.loads((tmp_path / "hf_hook_overhead_cpu.json").read_text())["rows"]
+    assert [(r["batch"], r["max_new_tokens"]) for r in rows] == [(1, 1), (1, 48), (4, 1), (4, 48)]
+    assert all(r["direct_ms"] > 0 and r["hook_ms"] > 0 for r in rows)

@@ -40,7 +40,7 @@ def test_writes_json_markdown_and_plots(smoke):
 
 def test_every_method_on_every_pair_and_batch(smoke):
     rows = json.loads((smoke / "e2e.json").read_text())["rows"]
-    methods = {"hf_dynamic", "hf_static", "hf_assisted", "ours_spec", "ours_plain", "ours_plain_draft"}
+    methods = {"hf_dynamic", "hf_static", "hf_assisted", "ours_spec", "ours_hf_hook", "ours_plain", "ours_plain_draft"}
     for pair in ("synthetic", "default"):
         for batch in (1, 2):
             assert {r["method"] for r in rows if r["pair"] == pair and r["batch"] == batch} == methods
@@ -52,6 +52,21 @@ def test_every_method_on_every_pair_and_batch(smoke):
             continue
         assert row["status"] == "ok", row
         assert row["tok_s"] > 0 and row["first_call_s"] > 0 and row["second_call_s"] > 0
+
+
+def test_the_hf_hook_rows_equal_ours_and_report_their_overhead(smoke):
+    """target.generate(custom_generate=...) beside the direct call: HF's greedy output, the same
+    tokens per forward, and its overhead from paired rounds."""
+    rows = json.loads((smoke / "e2e.json").read_text())["rows"]
+    hooks = [r for r in rows if r["method"] == "ours_hf_hook"]
+    assert len(hooks) == 12  # every ours_spec row: 3 pairs x batch {1, 2} x {greedy, sampling}
+    for hook in hooks:
+        key = {k: hook.get(k) for k in ("pair", "noise", "batch", "mode", "gamma", "graphs")}
+        spec, = [r for r in rows if r["method"] == "ours_spec" and all(r.get(k) == v for k, v in key.items())]
+        assert hook["status"] == "ok" and hook["mean_accepted"] == spec["mean_accepted"]
+        assert hook["hook_overhead"] > -1 and ".." in hook["hook_overhead_range"]
+        if hook["mode"] == "greedy":
+            assert hook["matches_hf_greedy"] is True
 
 
 def test_hf_assisted_generation_above_batch_1_is_a_recorded_failure(smoke):

@@ -1,8 +1,10 @@
 """`target.generate(custom_generate=specdec_kernels.custom_generate, ...)`: HF's generate hook.
 
 Greedy output equals the target's own generate, row by row (each prompt alone), for every strategy at
-its lossless settings (demo.load_pair's), batch 1 and 3 left-padded; at batch 1 it also equals HF's
-assisted generation. Processors / criteria the engine does not apply are refused, never ignored.
+its lossless settings (demo.load_pair's), batch 1 and 4 left-padded; at batch 1 it also equals HF's
+assisted generation. Stop strings and max time are checked after every accepted token (equal to HF's
+own generate with the same criteria), a streamer receives the tokens as steps accept them, and the
+processors / criteria the engine does not apply are refused, never ignored.
 """
 
 import argparse
@@ -13,7 +15,8 @@ import torch
 from specdec_kernels import custom_generate
 from specdec_kernels.demo import load_pair
 
-PROMPTS = ["def fibonacci(n):\n    ", "import os\n", "class Stack:\n    def __init__(self):\n        "]
+PROMPTS = ["def fibonacci(n):\n    ", "import os\n", "class Stack:\n    def __init__(self):\n        ",
+           "for i in range(10):\n"]
 NEW = 12
 
 
@@ -94,6 +97,25 @@ def test_eos_lists_stop_rows_and_pad_like_hf(pair, greedy_references):
     assert out.shape[1] - width == max(len(hf_alone(pair, p, eos_token_id=eos, pad_token_id=7)) for p in PROMPTS)
 
 
+@pytest.mark.parametrize("name", ["speculative", "speculative tree", "plain"])
+def test_min_new_tokens_holds_eos_back_like_hf(pair, greedy_references, name):
+    """The EOS greedy would emit early is banned until min_new_tokens (and min_length), in the target's
+    distribution only: drafts of EOS are rejected there, so the output is HF's own."""
+    eos = [int(greedy_references[0][2]), int(greedy_references[3][1])]
+    batch = pair.tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    width = batch.input_ids.shape[1]
+    for extra in (dict(min_new_tokens=6), dict(min_length=width + 5)):
+        out = pair.target.generate(**batch, custom_generate=custom_generate, max_new_tokens=NEW, eos_token_id=eos,
+                                   pad_token_id=7, **extra, **keywords(pair, name))
+        for row, prompt in enumerate(PROMPTS):
+            alone_extra = extra if "min_new_tokens" in extra else dict(min_length=len(pair.tokenizer(prompt).input_ids) + 5)
+            reference = hf_alone(pair, prompt, do_sample=False, eos_token_id=eos, pad_token_id=7, **alone_extra)
+            assert torch.equal(out[row, width:width + len(reference)], reference), (name, extra, row)
+            assert (out[row, width + len(reference):] == 7).all()
+    early = hf_alone(pair, PROMPTS[0], do_sample=False, eos_token_id=eos)
+    assert len(early) == 3  # without the minimum, row 0 stops at its third token: the ban mattered
+
+
 def test_seeded_sampling_repeats_and_dict_output(pair):
     draft = pair.options["speculative"]["draft_model"]
     batch = pair.tokenizer(PROMPTS[:2], return_tensors="pt", padding=True)
@@ -115,10 +137,9 @@ def test_seeded_sampling_repeats_and_dict_output(pair):
 
 @pytest.mark.parametrize("extra, named", [
     (dict(repetition_penalty=1.2), "RepetitionPenaltyLogitsProcessor"),
-    (dict(min_new_tokens=3), "MinNewTokensLengthLogitsProcessor|MinLengthLogitsProcessor"),
     (dict(no_repeat_ngram_size=2), "NoRepeatNGramLogitsProcessor"),
-    (dict(do_sample=True, min_p=0.1), "MinPLogitsWarper"),
-    (dict(max_time=30.0), "MaxTimeCriteria"),
+    (dict(bad_words_ids=[[5]]), "NoBadWordsLogitsProcessor"),
+    (dict(suppress_tokens=[5]), "SuppressTokensLogitsProcessor"),
     (dict(num_beams=2), "num_beams"),
     (dict(output_scores=True, return_dict_in_generate=True), "output_scores"),
 ])
@@ -129,7 +150,7 @@ def test_what_the_engine_does_not_apply_is_refused(pair, extra, named):
     assert "\n" not in str(error.value)
 
 
-def test_custom_criteria_and_streamers_are_refused(pair):
+def test_custom_criteria_and_batched_streamers_are_refused(pair):
     from transformers import StoppingCriteria, StoppingCriteriaList
     from transformers.generation.streamers import BaseStreamer
 
@@ -151,9 +172,62 @@ def test_custom_criteria_and_streamers_are_refused(pair):
         pair.target.generate(**alone, custom_generate=custom_generate, max_new_tokens=4,
                              stopping_criteria=StoppingCriteriaList([Never()]))
     streamer = Recorder()
-    with pytest.raises(ValueError, match="streamer is not supported"):
-        pair.target.generate(**alone, custom_generate=custom_generate, max_new_tokens=4, streamer=streamer)
+    batch = pair.tokenizer(PROMPTS[:2], return_tensors="pt", padding=True)
+    with pytest.raises(ValueError, match="a streamer needs batch size 1"):  # HF's streamers take one row
+        pair.target.generate(**batch, custom_generate=custom_generate, max_new_tokens=4, streamer=streamer)
     assert streamer.ended  # a consumer waiting on it is released
+
+
+class Recording:
+    """A streamer that keeps every put() (HF's own first put is the prompt)."""
+
+    def __init__(self):
+        self.puts, self.ends = [], 0
+
+    def put(self, value):
+        self.puts.append(value.flatten().tolist())
+
+    def end(self):
+        self.ends += 1
+
+
+@pytest.mark.parametrize("name", ["speculative", "speculative tree", "plain"])
+def test_streamer_gets_the_accepted_tokens_in_order(pair, greedy_references, name):
+    """Nothing lost, nothing doubled, in order; several tokens per put where a step accepted drafts."""
+    alone = pair.tokenizer(PROMPTS[0], return_tensors="pt")
+    streamer = Recording()
+    out = pair.target.generate(**alone, custom_generate=custom_generate, max_new_tokens=NEW, streamer=streamer,
+                               **keywords(pair, name))
+    prompt, *steps = streamer.puts
+    assert prompt == alone.input_ids[0].tolist() and streamer.ends == 1
+    assert sum(steps, []) == out[0, alone.input_ids.shape[1]:].tolist() == greedy_references[0].tolist()
+    assert all(steps) and (max(map(len, steps)) > 1) == (name != "plain")
+
+
+def test_stop_strings_end_rows_like_hfs_generate(pair, greedy_references):
+    """A stop string ends its row right after the token that completes it, mid-step included, as HF's
+    loop does. (transformers 5.x drops generate()'s tokenizer= for a custom_generate callable, so
+    stop_strings= cannot reach it: pass StopStringCriteria yourself.)"""
+    from transformers import StoppingCriteriaList, StopStringCriteria
+
+    tokenizer = pair.tokenizer
+    stops = [tokenizer.decode(greedy_references[0])[6:9], tokenizer.decode(greedy_references[3])[4:6]]
+    criteria = lambda: StoppingCriteriaList([StopStringCriteria(tokenizer, stops)])  # noqa: E731
+    batch = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    out = pair.target.generate(**batch, custom_generate=custom_generate, max_new_tokens=NEW, pad_token_id=7,
+                               assistant_model=pair.options["speculative"]["draft_model"], stopping_criteria=criteria())
+    width = batch.input_ids.shape[1]
+    stopped = 0
+    for row, prompt in enumerate(PROMPTS):
+        reference = hf_alone(pair, prompt, do_sample=False, pad_token_id=7, stopping_criteria=criteria())
+        assert torch.equal(out[row, width:width + len(reference)], reference), row
+        assert (out[row, width + len(reference):] == 7).all()
+        stopped += len(reference) < NEW
+    assert stopped >= 2  # the stop strings fired (rows 0 and 3 at least)
+    timed = pair.target.generate(**batch, custom_generate=custom_generate, max_new_tokens=NEW, max_time=60.0,
+                                 assistant_model=pair.options["speculative"]["draft_model"])
+    for row, reference in enumerate(greedy_references):  # a max_time criterion that does not fire changes nothing
+        assert torch.equal(timed[row, width:width + len(reference)], reference), row
 
 
 def test_options_of_another_strategy_are_named(pair):

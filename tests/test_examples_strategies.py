@@ -21,6 +21,7 @@ EXPECTED = {
     "generate_specdec.py": ["specdec (top_beta=1, tau=0.0) == target greedy: True"],
     "generate_bild.py": ["bild (exact) == target greedy: True", "bild (nll) == target greedy:"],
     "generate_ppd.py": ["ppd (head Y) == target greedy: True"],
+    "hf_custom_generate.py": ["speculative == target greedy: True", "bild == target greedy: True"],
     "ops_decode_loop.py": ["speculative == greedy loop: True"],
 }
 

@@ -56,7 +56,8 @@ def _check_positions(model, role: str, input_ids, attention_mask, max_new_tokens
 def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch.Tensor | None = None,
              max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, eos_token_id=None, pad_token_id: int | None = None, seed: int | None = None,
-             backend: str = "auto", cuda_graphs: bool | None = None, **strategy_options) -> GenerateOutput:
+             backend: str = "auto", cuda_graphs: bool | None = None, min_p: float | None = None, min_new_tokens: int = 0, on_step=None,
+             **strategy_options) -> GenerateOutput:
     """Generate with a speculative-decoding strategy; HF-style arguments and output layout.
 
     Args:
@@ -68,9 +69,9 @@ def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch
             token on the same engine, the baseline), or a strategy object (SpeculativeDecoder,
             BildDecoder, SpecDecDecoder, PPDDecoder, PlainDecoder).
         max_new_tokens: new tokens per row at most.
-        do_sample, temperature, top_k, top_p: sampling; the same standardisation is applied to
-            target and draft. do_sample=False or temperature 0 is argmax decoding. Unlike HF,
-            top_k defaults to None (no filter), not 50.
+        do_sample, temperature, top_k, top_p, min_p: sampling; the same standardisation (HF's
+            warpers, in HF's order) is applied to target and draft. do_sample=False or temperature 0
+            is argmax decoding. Unlike HF, top_k defaults to None (no filter), not 50.
         eos_token_id: int or list; None takes the target's generation_config, like HF. A row
             stops after its EOS. pad_token_id: fills rows after they stop (default: the
             generation_config's, else the first EOS, else 0).
@@ -82,6 +83,12 @@ def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch
         cuda_graphs: capture the draft and verify steps as CUDA graphs (default: on a GPU). The graphs
             are kept for later calls with the same models, strategy options, batch size, length bucket
             and sampling (decoding.clear_graph_cache() frees them; graphs.MAX_SESSIONS bounds them).
+        min_new_tokens: no EOS before this many new tokens (HF's min_new_tokens: the target's EOS
+            probability is 0 there; lossless, drafts of EOS are rejected).
+        on_step: called after every step as on_step(rows, tokens) with the output row ids that
+            emitted tokens and each one's new token ids (several per step, in order; cut at EOS and
+            max_new_tokens); return None, or {row: n} to keep only the first n of that row's new
+            tokens and stop the row (e.g. a stop string ended there). Costs one host read per step.
         strategy_options: the strategy's own (e.g. draft_model=, num_draft_tokens= for
             "speculative"; draft_model=, fallback_threshold=, rollback_threshold= for "bild"; drafter=, block_size=, top_beta=, tau= for "specdec"; exit_layer=, k=, head= for "ppd").
 
@@ -103,9 +110,12 @@ def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch
     draft = getattr(strategy, "draft_model", None)
     if isinstance(draft, torch.nn.Module):
         _check_positions(draft, "draft", input_ids, attention_mask, max_new_tokens)
-    sampling = Sampling(bool(do_sample), float(temperature), top_k, top_p)
+    sampling = Sampling(bool(do_sample), float(temperature), top_k, top_p, min_p)
+    if on_step is not None and not callable(on_step):
+        check.fail(OP, f"`on_step` must be callable (got {type(on_step).__name__})", TypeError)
     with restored_attention(target, draft):
         engine = Engine(target, strategy, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                         sampling=sampling, eos_token_id=eos_token_id, pad_token_id=pad_token_id, seed=seed,
-                        backend=backend, cuda_graphs=cuda_graphs, named_strategy=named)
+                        backend=backend, cuda_graphs=cuda_graphs, named_strategy=named, on_step=on_step,
+                        min_new_tokens=min_new_tokens)
         return engine.run()

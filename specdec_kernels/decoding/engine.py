@@ -28,6 +28,7 @@ from torch import Tensor
 
 from .. import ops
 from ..ops import _validate as check
+from ..reference.tree import tree_depths
 from . import graphs as graph_store
 from .output import GenerateOutput, Stats
 from .standardize import Sampling
@@ -184,9 +185,12 @@ class Engine:
 
     def __init__(self, target, strategy: Strategy, input_ids: Tensor, *, attention_mask=None, max_new_tokens: int,
                  sampling: Sampling, eos_token_id=None, pad_token_id=None, seed=None, backend="auto",
-                 cuda_graphs=None, named_strategy: bool = False):
+                 cuda_graphs=None, named_strategy: bool = False, on_step=None, min_new_tokens: int = 0):
         check.tensor(OP, "input_ids", input_ids, shape=("B", "P"), dtypes=check.INDEX_DTYPES, last_dim_contiguous=False)
         self.max_new_tokens = check.positive_int(OP, "max_new_tokens", max_new_tokens)
+        if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int) or min_new_tokens < 0:
+            check.fail(OP, f"`min_new_tokens` must be an int >= 0 (got {min_new_tokens!r})")
+        self.min_new_tokens = min_new_tokens
         if backend not in ("auto", *ops.BACKENDS):  # before any model work: every op of a step runs on it
             check.fail(OP, f"backend must be one of 'auto', 'torch', 'triton', 'cuda' (got {backend!r})")
         self.target = adapt_model(target, "target")
@@ -229,8 +233,12 @@ class Engine:
         rows = torch.arange(batch, dtype=torch.int64, device=self.device)
         self.seeds = self.keep("seeds", (int(seed) & 0xFFFFFFFF) | (rows << 32))  # one Philox key per request
         self.eos_ids = self.keep("eos_ids", self.eos_ids)
+        eos_vocab = torch.zeros(self.vocab, dtype=torch.bool, device=self.device)  # EOS ids as a [V] mask
+        eos_vocab[[e for e in self.eos if 0 <= e < self.vocab]] = True
+        self.eos_vocab = self.keep("eos_vocab", eos_vocab)
         self.row_ids = rows.clone()  # active row -> row of the output
         self._position_rows = {}
+        self.on_step = on_step
 
     def session_key(self, strategy: Strategy, target, named: bool):
         """What the captured graphs bake in besides kept tensors: the models, the strategy's
@@ -244,7 +252,7 @@ class Engine:
         owner = ("named",) if named else ("object", id(strategy))
         weight = self.target.lm_head.weight
         return (id(target), weight_addresses(target), owner, strategy_key, self.prompts.shape[0], self.span,
-                self.sampling, self.backend, tuple(self.eos), self.pad, weight.device, weight.dtype)
+                self.sampling, self.backend, tuple(self.eos), self.pad, weight.device, weight.dtype, self.min_new_tokens)
 
     def keep(self, name: str, value: Tensor) -> Tensor:
         """`value`, or, when the session kept a tensor under `name` (a kept graph reads and writes that
@@ -334,7 +342,7 @@ class Engine:
         self.strategy.start(self)
         if self.folded:  # the first token, as a step with zero drafts would have emitted it
             no_drafts = Proposal(self.root.new_zeros(batch, 0))
-            out, num_accepted = self.strategy.accept(self, no_drafts, self.prefill_logits)
+            out, num_accepted = self.strategy.accept(self, no_drafts, self.early_eos_banned(self.prefill_logits, None))
             del self.prefill_logits
             self.record(out, num_accepted, None)
 
@@ -351,8 +359,8 @@ class Engine:
         row bookkeeping, all on the device; returns the flags the host reads."""
         proposal = Proposal(tokens, probs, num_draft, extra)
         fed = self.root.unsqueeze(1) if tokens.shape[1] == 0 else torch.cat([self.root.unsqueeze(1), tokens], dim=1)
-        logits = self.target.verify(fed, self.cache,
-                                    self.strategy.tree_parents(self, proposal))
+        parents = self.strategy.tree_parents(self, proposal)
+        logits = self.early_eos_banned(self.target.verify(fed, self.cache, parents), parents)
         out, num_accepted = self.strategy.accept(self, proposal, logits)
         if self.graphs.enabled:  # finished rows stay in the batch: their lengths must not move
             before = self.cache.seq_lens.clone()
@@ -363,6 +371,17 @@ class Engine:
         self.strategy.after_accept(self, proposal, num_accepted)
         self.record(out, num_accepted, num_draft)
         return self.flags
+
+    def early_eos_banned(self, logits: Tensor, parents: Tensor | None) -> Tensor:
+        """min_new_tokens (HF's MinNewTokensLengthLogitsProcessor): the target's EOS logits are -inf
+        where the token drawn from them would be new token number < min_new_tokens. logits [B, W, V]
+        follow the fed tokens (a chain: W positions in order; a tree: node depths). Drafts stay as they
+        are: one proposing EOS there meets p(EOS) = 0 and is rejected, so every strategy stays exact."""
+        if self.min_new_tokens == 0 or not self.eos:
+            return logits
+        depth = self._positions(logits.shape[1]) if parents is None else tree_depths(parents)
+        early = (self.num_generated.unsqueeze(1) + depth) < self.min_new_tokens  # [B, W]
+        return logits.masked_fill(early.unsqueeze(-1) & self.eos_vocab, float("-inf"))
 
     def record(self, out: Tensor, num_accepted: Tensor, num_draft: Tensor | None) -> None:
         """Append each row's new tokens (cut at EOS and at max_new_tokens), update roots, flags, counts.
@@ -454,8 +473,11 @@ class Engine:
         done = False
         if self.folded:  # setup emitted the first token: that was the first step
             stats.steps += 1
+            if self.on_step is not None:
+                self.observe_step(torch.zeros_like(self.num_generated))
             done = self.after_step(self.flags)
         while not done:
+            before = self.num_generated.clone() if self.on_step is not None else None
             g = self.strategy.num_draft_tokens()
             key = (self.root.shape[0], g)
             if self.graphs.enabled:
@@ -471,6 +493,8 @@ class Engine:
                          else self.graphs(("verify", *key), self.verify_step, *inputs))
             first = False
             stats.steps += 1
+            if before is not None:
+                self.observe_step(before)
             done = self.after_step(flags)
         self.store_rows(torch.ones_like(self.finished))
         return self.output(stats, timer)
@@ -486,6 +510,28 @@ class Engine:
         if any(finished) and not self.graphs.enabled:
             self.drop_rows(torch.tensor([not f for f in finished], device=self.device))
         return False
+
+    def observe_step(self, before: Tensor) -> None:
+        """Hand the step's new tokens to `on_step(rows, tokens)` (rows: output row ids; tokens: each
+        row's new ids, cut at EOS and the budget already) and apply what it returns: {row: n} keeps
+        only the first n of that row's new tokens and finishes the row (a stop string ended there).
+        One more host read per step, only when on_step is set."""
+        start, end = before.tolist(), self.num_generated.tolist()
+        active = [b for b in range(len(end)) if end[b] > start[b]]
+        if not active:
+            return
+        rows = [int(r) for r in self.row_ids[active].tolist()]
+        tokens = [self.generated[b, start[b]:end[b]].tolist() for b in active]
+        cuts = self.on_step(rows, tokens) or {}
+        for b, row in zip(active, rows):
+            if row not in cuts:
+                continue
+            keep = min(max(int(cuts[row]), 1), end[b] - start[b])
+            self.generated[b, start[b] + keep:end[b]] = self.pad
+            self.num_generated[b] = start[b] + keep
+            self.counts[1] -= end[b] - start[b] - keep
+            self.finished[b] = True
+            self.flags[b] = True
 
     def trust_capacity(self) -> None:
         """Graph mode: the caches were sized for every token a row can write (cache_length) and

@@ -1,5 +1,6 @@
 """One standardisation for target and draft (Leviathan et al. section 2.2): logits -> the distribution
-actually sampled from, with temperature, then top-k, then top-p, in that order (HF's warper order).
+actually sampled from, with temperature, then top-k, then top-p, then min-p, in that order (HF's
+warper order).
 
 Both models go through the SAME function with the same settings, so q is exactly the distribution
 each draft token was drawn from and p is the distribution the output must follow. Everything is
@@ -20,12 +21,13 @@ SALT_DRAFT = 2  # Philox purpose of a draft-model draw (the verify ops use rng.S
 @dataclass(frozen=True)
 class Sampling:
     """do_sample=False (or temperature 0) is argmax decoding; otherwise temperature > 0, top_k >= 1
-    or None, top_p in (0, 1] or None."""
+    or None, top_p in (0, 1] or None, min_p in [0, 1] or None."""
 
     do_sample: bool = False
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
 
     def __post_init__(self):
         if self.do_sample and self.temperature == 0:
@@ -36,13 +38,16 @@ class Sampling:
             raise ValueError(f"generate: `top_k` must be an int >= 1 or None (got {self.top_k})")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"generate: `top_p` must be in (0, 1] or None (got {self.top_p})")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise ValueError(f"generate: `min_p` must be in [0, 1] or None (got {self.min_p})")
 
 
 def standardize(logits: Tensor, sampling: Sampling) -> Tensor:
-    """float32 probabilities [..., V] of logits [..., V] after temperature, top-k and top-p.
+    """float32 probabilities [..., V] of logits [..., V] after temperature, top-k, top-p and min-p.
 
-    top-k keeps every token tied with the k-th logit and top-p removes the low tail whose
-    cumulative probability is <= 1 - top_p (at least one token stays), as HF's warpers do.
+    top-k keeps every token tied with the k-th logit, top-p removes the low tail whose
+    cumulative probability is <= 1 - top_p (at least one token stays) and min-p the tokens
+    whose probability is below min_p times the largest, as HF's warpers do.
     """
     scores = logits.float() / sampling.temperature
     if sampling.top_k is not None and sampling.top_k < scores.shape[-1]:
@@ -53,6 +58,10 @@ def standardize(logits: Tensor, sampling: Sampling) -> Tensor:
         tail = sorted_scores.softmax(dim=-1).cumsum(dim=-1) <= 1 - sampling.top_p
         tail[..., -1] = False
         scores = scores.masked_fill(tail.scatter(-1, order, tail), float("-inf"))
+    if sampling.min_p is not None and sampling.min_p > 0:
+        probs = scores.softmax(dim=-1)
+        low = probs < sampling.min_p * probs.amax(dim=-1, keepdim=True)  # the top token always stays
+        scores = scores.masked_fill(low, float("-inf"))
     return scores.softmax(dim=-1)
 
 
