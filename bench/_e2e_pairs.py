@@ -87,6 +87,11 @@ class AlignedPair:
                 "vocab": config.vocab_size}
 
 
+# The 12.6 M-parameter shape of issue 18: 6 layers x 384, 6 heads over 2 KV heads, the default's vocabulary.
+WIDE_SHAPE = dict(vocab_size=4096, hidden_size=384, intermediate_size=1024, num_attention_heads=6,
+                  num_key_value_heads=2, max_position_embeddings=2048)
+
+
 def random_prompts(vocab: int, rows: int, length: int, seed: int = 0) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(1, vocab, (rows, length), generator=generator)

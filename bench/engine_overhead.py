@@ -46,12 +46,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import specdec_kernels  # noqa: E402
-from _e2e_pairs import AlignedPair, SMOKE_SHAPE, default_pair, random_prompts  # noqa: E402
+from _e2e_pairs import WIDE_SHAPE, AlignedPair, SMOKE_SHAPE, default_pair, random_prompts  # noqa: E402
 from _report import write_report  # noqa: E402
 
-# The 12.6 M-parameter shape of issue 18: 6 layers x 384, 6 heads over 2 KV heads, the default's vocabulary.
-WIDE_SHAPE = dict(vocab_size=4096, hidden_size=384, intermediate_size=1024, num_attention_heads=6,
-                  num_key_value_heads=2, max_position_embeddings=2048)
 METHODS = ("hf_greedy", "plain", "speculative")
 PARTS = ("model", "draft_model", "attention", "attn_dispatch", "cache_write", "cache_commit", "verify_op",
          "bookkeeping")

@@ -61,6 +61,14 @@ const std::map<std::string, Planner>& planners() {
        [](const std::string& n, const py::dict& s, const plans::DeviceLimits& lim) {
          return plans::plan_rejection_sample_logits(need(n, s, "B"), need(n, s, "G"), need(n, s, "V"), lim);
        }},
+      {"block_verify",
+       [](const std::string& n, const py::dict& s, const plans::DeviceLimits& lim) {
+         return plans::plan_block_verify(need(n, s, "B"), need(n, s, "G"), need(n, s, "V"), lim);
+       }},
+      {"block_verify_logits",
+       [](const std::string& n, const py::dict& s, const plans::DeviceLimits& lim) {
+         return plans::plan_block_verify_logits(need(n, s, "B"), need(n, s, "G"), need(n, s, "V"), lim);
+       }},
       {"kv_compact",  // vector_bytes: the widest access the caches allow (2, the worst case, if absent)
        [](const std::string& n, const py::dict& s, const plans::DeviceLimits& lim) {
          return plans::plan_kv_compact(need(n, s, "B"), need(n, s, "L"), optional(s, "Hkv", 0), optional(s, "S_max", 0),

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <tuple>
 #include <vector>
 
 #include "registry.h"
@@ -44,7 +45,8 @@ void tree_rejection_sample(uint64_t target_probs, int64_t target_stride_b, int64
                            int64_t uniforms_stride_n, int64_t seed, uint64_t seeds, int64_t seeds_stride,
                            uint64_t offsets, int64_t offsets_stride, uint64_t out_tokens,
                            uint64_t num_accepted, uint64_t accepted_nodes, uint64_t workspace, int64_t B,
-                           int64_t N, int64_t V, int64_t max_depth, int dtype, uint64_t stream) {
+                           int64_t N, int64_t V, int64_t max_depth, int dtype, uint64_t stream,
+                           bool without_replacement) {
   const specdec::TreeRandomness randomness{specdec::device_ptr<const void>(uniforms),
                                            uniforms_double ? 1 : 0,
                                            uniforms_stride_b,
@@ -61,7 +63,7 @@ void tree_rejection_sample(uint64_t target_probs, int64_t target_stride_b, int64
       index_matrix(parents, parents_stride_b, parents_stride_n), randomness,
       specdec::device_ptr<int64_t>(out_tokens), specdec::device_ptr<int64_t>(num_accepted),
       specdec::device_ptr<int64_t>(accepted_nodes), specdec::device_ptr<void>(workspace), B, N, V, max_depth,
-      dtype, as_stream(stream));
+      dtype, as_stream(stream), without_replacement);
 }
 
 py::dict tree_rejection_sample_plan(int64_t B, int64_t N, int64_t V) {
@@ -94,6 +96,43 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> host_tree_residual(const s
   return {r, totals};
 }
 
+// Host build of the sampled-siblings arithmetic (tree_residual.cuh, the kernel's order of
+// operations) over whole rows: p, q [V] (float32 values) and the rejected tokens x_1..x_k in
+// rank order -> (R after the k rejections [V], [S_1..S_k], [c_1..c_k] with c_0 = 0). Testing only.
+std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<double>> host_sampled_residual(
+    const std::vector<float>& p, const std::vector<float>& q, const std::vector<int64_t>& rejected) {
+  if (q.size() != p.size()) throw std::invalid_argument("host_sampled_residual: q needs V values");
+  if (rejected.empty()) throw std::invalid_argument("host_sampled_residual: need at least one rejected token");
+  const size_t vocab = p.size();
+  std::vector<int64_t> q_weight(vocab), r(vocab);
+  std::vector<bool> removed(vocab, false);
+  int64_t q_left = 0;
+  for (size_t v = 0; v < vocab; ++v) {
+    q_weight[v] = specdec::to_weight(q[v]);
+    q_left += q_weight[v];
+    r[v] = specdec::residual_first(p[v], q[v]);
+  }
+  std::vector<int64_t> totals;
+  std::vector<double> scales;
+  for (size_t i = 0; i < rejected.size(); ++i) {
+    const int64_t x = rejected[i];
+    if (x < 0 || x >= static_cast<int64_t>(vocab) || removed[x] || q_weight[x] == 0) {
+      throw std::invalid_argument("host_sampled_residual: a rejected token must be a real sibling");
+    }
+    const double scale = i == 0 ? 0.0 : specdec::sampled_scale(totals.back(), q_left);
+    int64_t sum = 0;
+    for (size_t v = 0; v < vocab; ++v) {
+      if (i > 0 && !removed[v]) r[v] = specdec::sampled_residual_update(r[v], scale, q_weight[v]);
+      sum += r[v];
+    }
+    removed[x] = true;
+    q_left -= q_weight[x];
+    totals.push_back(sum);
+    scales.push_back(scale);
+  }
+  return {r, totals, scales};
+}
+
 const specdec::RegisterBindings registered([](py::module_& m) {
   m.def("tree_greedy_verify", &tree_greedy_verify, py::arg("logits"), py::arg("logits_stride_b"),
         py::arg("logits_stride_n"), py::arg("tree_tokens"), py::arg("tokens_stride_b"),
@@ -114,8 +153,9 @@ const specdec::RegisterBindings registered([](py::module_& m) {
         py::arg("seeds_stride"), py::arg("offsets"), py::arg("offsets_stride"), py::arg("out_tokens"),
         py::arg("num_accepted"), py::arg("accepted_nodes"), py::arg("workspace"), py::arg("B"), py::arg("N"),
         py::arg("V"), py::arg("max_depth"), py::arg("dtype"), py::arg("stream"),
-        py::call_guard<py::gil_scoped_release>(),
+        py::arg("without_replacement") = false, py::call_guard<py::gil_scoped_release>(),
         "Multi-draft speculative sampling over a token tree on `stream` (one kernel launch, no sync). "
+        "without_replacement: siblings drawn from one q (draft row of their parent) without replacement. "
         "uniforms/seeds/offsets may be 0; workspace: tree_rejection_sample_plan(B, N, V)['workspace_bytes'] "
         "bytes, 8-byte aligned, need not be zeroed.");
   m.def("tree_rejection_sample_plan", &tree_rejection_sample_plan, py::arg("B"), py::arg("N"), py::arg("V"),
@@ -123,6 +163,10 @@ const specdec::RegisterBindings registered([](py::module_& m) {
         "the workspace (per-row rank tables) does not depend on V.");
   m.def("host_tree_residual", &host_tree_residual, py::arg("p"), py::arg("q"),
         "Host build of tree_rejection_sample's residual arithmetic over whole rows (testing only).");
+  m.def("host_sampled_residual", &host_sampled_residual, py::arg("p"), py::arg("q"), py::arg("rejected"),
+        "Host build of the sampled-siblings (without replacement) residual over whole rows (testing only).");
+  m.def("host_sampled_accept", &specdec::sampled_accept, py::arg("u"), py::arg("scale"), py::arg("q_weight"),
+        py::arg("r"), "Host build of the sampled-siblings later test u * (c * Q(x)) < R(x) (testing only).");
 });
 
 }  // namespace

@@ -140,5 +140,34 @@ Plan plan_early_exit_topk(int64_t B, int64_t H, int64_t V, int64_t k, const Devi
 Plan plan_tree_attention(int64_t B, int64_t N, int64_t Hq, int64_t Hkv, int64_t D, int64_t kv_capacity,
                          int dtype, const DeviceLimits& lim, int ctas_per_sm = 0);
 
+// ---------------------------------------------------------------------------
+// block_verify (csrc/block_verify.cu): grid (B, G+1, splits) [+ the logits' statistics
+// kernel, grid (B, 2G+1, splits)]. Splits per row are capped by a constant, so the
+// workspace depends on B and G only, never on V or the device.
+// ---------------------------------------------------------------------------
+constexpr int kBlockVerifyThreads = 256;
+constexpr int64_t kBlockVerifyMaxSplits = 64;  // per (batch row, position): workspace slots
+// block_verify_kernel: i64 sum[8][2], scan[8]; f32 p[256], q[256]; bool ok[256]; f32 carry;
+// int tau; bool last; i64 chunk, base, found = 128 + 64 + 1024 + 1024 + 256 + 4 + 4 + 1 (+7) + 24.
+constexpr int kBlockVerifyStaticSmem = 2536;
+constexpr int kBlockVerifyLogitsStaticSmem = 2536;  // the same kernel body on softmax rows
+// block_verify_stats_kernel: f32 m[8], s[8]; bool last.
+constexpr int kBlockVerifyStatsStaticSmem = 65;
+// Workspace slots per (batch row, row) for `rows` = B * (rows per batch row) rows in all:
+// enough for ~4 CTAs per SM on a 256-SM device, at most kBlockVerifyMaxSplits.
+int64_t block_verify_max_splits(int64_t rows);
+// Byte layout of the zeroed workspace (every offset 16-byte aligned):
+//   [B*(G+1)][ws_stride] longlong2 chunk totals (.x residual, .y plain p), [B*(G+1)] float
+//   prefix ratios, [B] uint32 tickets; logits only: [B*(2G+1)][stats_stride] float2 partial
+//   softmax statistics, [B*(2G+1)] float2 merged statistics, [B] uint32 tickets.
+struct BlockVerifyLayout {
+  int64_t ws_stride, ratios_offset, counters_offset;
+  int64_t stats_stride, partials_offset, merged_offset, stats_counters_offset;
+  int64_t bytes;
+};
+BlockVerifyLayout block_verify_layout(int64_t B, int64_t G, bool logits);
+Plan plan_block_verify(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim);
+Plan plan_block_verify_logits(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim);
+
 }  // namespace plans
 }  // namespace specdec

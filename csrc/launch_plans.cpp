@@ -335,5 +335,105 @@ Plan plan_tree_attention(int64_t B, int64_t N, int64_t Hq, int64_t Hkv, int64_t 
                                 tiles * splits, 1, 1, threads, kTreeAttentionStaticSmem, dynamic, lim));
 }
 
+// ---------------------------------------------------------------------------
+// block_verify: grid (B, G+1, splits); logits: + statistics grid (B, 2G+1, splits)
+// ---------------------------------------------------------------------------
+int64_t block_verify_max_splits(int64_t rows) {
+  constexpr int64_t kCtaTarget = 4 * 256;  // 4 CTAs per SM on a 256-SM device
+  return std::clamp<int64_t>(ceil_div(kCtaTarget, std::max<int64_t>(rows, 1)), 1, kBlockVerifyMaxSplits);
+}
+
+BlockVerifyLayout block_verify_layout(int64_t B, int64_t G, bool logits) {
+  require(B >= 0 && G >= 0, "block_verify", "B and G must be >= 0");
+  auto align16 = [](int64_t bytes) { return ceil_div(bytes, 16) * 16; };
+  BlockVerifyLayout l{};
+  const int64_t rows = B * (G + 1);
+  l.ws_stride = block_verify_max_splits(rows);
+  l.ratios_offset = rows * l.ws_stride * 16;                      // longlong2 totals
+  l.counters_offset = l.ratios_offset + align16(rows * 4);        // float prefix ratios
+  int64_t end = l.counters_offset + align16(B * 4);               // uint32 tickets
+  if (logits) {
+    const int64_t stat_rows = B * (2 * G + 1);
+    l.stats_stride = block_verify_max_splits(stat_rows);
+    l.partials_offset = end;
+    l.merged_offset = l.partials_offset + stat_rows * l.stats_stride * 8;  // float2 partials
+    l.stats_counters_offset = l.merged_offset + align16(stat_rows * 8);    // float2 merged
+    end = l.stats_counters_offset + align16(B * 4);
+  }
+  l.bytes = B == 0 ? 0 : end;
+  return l;
+}
+
+namespace {
+
+// ~4 CTAs per SM over all rows, chunks of >= 2048 elements (one chunk for a smaller V),
+// never more splits than the workspace holds; every CTA owns at least one element.
+SplitPlan block_verify_splits(int64_t rows, int64_t V, int sms) {
+  constexpr int64_t kChunkAlign = 8, kMinChunk = 2048, kBlocksPerSM = 4;
+  int64_t splits = ceil_div(kBlocksPerSM * std::max(sms, 1), std::max<int64_t>(rows, 1));
+  splits = std::min({splits, block_verify_max_splits(rows), std::max<int64_t>(1, V / kMinChunk)});
+  splits = std::max<int64_t>(splits, 1);
+  const int64_t chunk = ceil_div(ceil_div(V, splits), kChunkAlign) * kChunkAlign;
+  return {static_cast<int>(ceil_div(V, chunk)), static_cast<int>(chunk)};
+}
+
+std::string block_verify_refusal(int64_t V, int64_t rows_per_batch_row, const DeviceLimits& lim) {
+  if (V >= kRejectionMaxVocab) return "V >= 2^23 (fixed-point totals stay exact below)";
+  if (rows_per_batch_row > lim.grid_yz) {
+    return std::to_string(rows_per_batch_row) + " rows per batch row > 65535 (grid y)";
+  }
+  return "";
+}
+
+void put_layout(Plan& plan, const BlockVerifyLayout& l) {
+  plan.values["ws_stride"] = l.ws_stride;
+  plan.values["ratios_offset"] = l.ratios_offset;
+  plan.values["counters_offset"] = l.counters_offset;
+  plan.values["workspace_bytes"] = l.bytes;
+}
+
+}  // namespace
+
+Plan plan_block_verify(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim) {
+  require_chain("block_verify", B, G);
+  require(V >= 1, "block_verify", "V must be >= 1");
+  if (const std::string why = block_verify_refusal(V, G + 1, lim); !why.empty()) return refused(why);
+  Plan plan;
+  put_layout(plan, block_verify_layout(B, G, false));
+  if (B == 0) return plan;
+  const SplitPlan s = block_verify_splits(B * (G + 1), V, lim.sms);
+  plan.values["splits"] = s.splits;
+  plan.values["chunk"] = s.chunk;
+  return check(plan, add_launch(plan, "block_verify_kernel", B, G + 1, s.splits, kBlockVerifyThreads,
+                                kBlockVerifyStaticSmem, 0, lim));
+}
+
+Plan plan_block_verify_logits(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim) {
+  require_chain("block_verify_logits", B, G);
+  require(V >= 1, "block_verify_logits", "V must be >= 1");
+  if (const std::string why = block_verify_refusal(V, 2 * G + 1, lim); !why.empty()) return refused(why);
+  Plan plan;
+  const BlockVerifyLayout l = block_verify_layout(B, G, true);
+  put_layout(plan, l);
+  plan.values["stats_stride"] = l.stats_stride;
+  plan.values["partials_offset"] = l.partials_offset;
+  plan.values["merged_offset"] = l.merged_offset;
+  plan.values["stats_counters_offset"] = l.stats_counters_offset;
+  if (B == 0) return plan;
+  const SplitPlan st = block_verify_splits(B * (2 * G + 1), V, lim.sms);
+  const SplitPlan s = block_verify_splits(B * (G + 1), V, lim.sms);
+  plan.values["stats_splits"] = st.splits;
+  plan.values["stats_chunk"] = st.chunk;
+  plan.values["splits"] = s.splits;
+  plan.values["chunk"] = s.chunk;
+  std::string broken = add_launch(plan, "block_verify_stats_kernel", B, 2 * G + 1, st.splits, kBlockVerifyThreads,
+                                  kBlockVerifyStatsStaticSmem, 0, lim);
+  if (broken.empty()) {
+    broken = add_launch(plan, "block_verify_logits_kernel", B, G + 1, s.splits, kBlockVerifyThreads,
+                        kBlockVerifyLogitsStaticSmem, 0, lim);
+  }
+  return check(plan, broken);
+}
+
 }  // namespace plans
 }  // namespace specdec

@@ -45,12 +45,13 @@
 #include "launch_utils.h"
 #include "philox.cuh"
 #include "rejection_sample.h"
+#include "split_v_sampling.cuh"
 
 namespace specdec {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+using namespace split_v;  // split_v_sampling.cuh: kThreads, block sums / scans, weights, draws
+
 // Each weight is <= 2^40, so a row total stays below 2^63 for V < 2^23.
 constexpr int64_t kMaxVocab = int64_t{1} << 23;
 static_assert(kThreads == plans::kRejectionThreads && kMaxVocab == plans::kRejectionMaxVocab,
@@ -91,169 +92,10 @@ __device__ __forceinline__ int drafts_in_row(const int64_t* num_draft_tokens, in
   return n < 0 ? 0 : (n > G ? G : static_cast<int>(n));
 }
 
-__device__ __forceinline__ bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
-// ---------------------------------------------------------------------------------------
-// Block primitives (kThreads threads; every thread must call them; they end with a barrier
-// so their shared scratch can be reused immediately)
-// ---------------------------------------------------------------------------------------
-
-// Sums of a and b over the block, returned to every thread.
-__device__ __forceinline__ void block_sum2(long long& a, long long& b, long long (*scratch)[2]) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    a += __shfl_xor_sync(0xFFFFFFFFu, a, off);
-    b += __shfl_xor_sync(0xFFFFFFFFu, b, off);
-  }
-  if (lane == 0) {
-    scratch[warp][0] = a;
-    scratch[warp][1] = b;
-  }
-  __syncthreads();
-  a = 0;
-  b = 0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    a += scratch[w][0];
-    b += scratch[w][1];
-  }
-  __syncthreads();
-}
-
-// Exclusive prefix sum of v in thread order; `total` gets the block sum (every thread).
-__device__ __forceinline__ long long block_exclusive_scan(long long v, long long* scratch, long long& total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  long long x = v;  // inclusive scan within the warp
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const long long y = __shfl_up_sync(0xFFFFFFFFu, x, off);
-    if (lane >= off) x += y;
-  }
-  if (lane == 31) scratch[warp] = x;
-  __syncthreads();
-  long long before = 0, sum = 0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    const long long t = scratch[w];
-    if (w < warp) before += t;
-    sum += t;
-  }
-  __syncthreads();
-  total = sum;
-  return before + x - v;
-}
-
-// ---------------------------------------------------------------------------------------
-// Fixed-point weights of K = 16 / sizeof(T) consecutive elements
-// ---------------------------------------------------------------------------------------
-
-// Probability transform of the probability kernel: the loaded value itself.
-struct Identity {
-  __device__ __forceinline__ float operator()(float x) const { return x; }
+// Leviathan's residual weight of one id: to_weight(P - Q), an fp32 subtraction as the reference.
+struct Difference {
+  __device__ __forceinline__ int64_t operator()(float p, float q) const { return to_weight(p - q); }
 };
-
-// The K = 16 / sizeof(T) elements [i, i + K) of `row` widened to fp32; elements at or past
-// `end` are not read (0). `vec`: row + i is 16-byte aligned (uniform per row: slot starts
-// are multiples of 8 elements from a chunk start that is one too).
-template <typename T>
-__device__ __forceinline__ void load_values(const T* row, int64_t i, int64_t end, bool vec,
-                                            float (&x)[Vec16<T>::kElems]) {
-  constexpr int K = Vec16<T>::kElems;
-  if (vec && i + K <= end) {
-    load_vec16(row + i, x);
-  } else {
-#pragma unroll
-    for (int k = 0; k < K; ++k) x[k] = i + k < end ? to_float(row[i + k]) : 0.0f;
-  }
-}
-
-// For the elements [i, i + K) of a row: w_r = to_weight(P - Q) and w_p = to_weight(P), where
-// P = prob_p(p_row[i]) and Q = prob_q(q_row[i]), or Q = 0 when q_row is null (then w_r == w_p
-// bit for bit: P - 0 == P). Elements at or past `end` are not read and weigh 0. `vec` says
-// that p_row + i and q_row + i are 16-byte aligned for every slot start i.
-template <typename T, typename Prob>
-__device__ __forceinline__ void load_weights(const T* p_row, const T* q_row, int64_t i, int64_t end, bool vec,
-                                             const Prob& prob_p, const Prob& prob_q,
-                                             int64_t (&w_r)[Vec16<T>::kElems], int64_t (&w_p)[Vec16<T>::kElems]) {
-  constexpr int K = Vec16<T>::kElems;
-  float p[K], q[K] = {};
-  load_values(p_row, i, end, vec, p);
-  if (q_row != nullptr) load_values(q_row, i, end, vec, q);
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const bool in = i + k < end;
-    const float pp = prob_p(p[k]);
-    const float qq = q_row != nullptr ? prob_q(q[k]) : 0.0f;
-    w_p[k] = in ? to_weight(pp) : 0;
-    w_r[k] = in ? to_weight(pp - qq) : 0;  // fp32 subtraction, as the reference
-  }
-}
-
-// Per-thread sums of w_r and w_p over [start, end); slots of K elements are dealt to the
-// threads round-robin (the order does not matter: integer sums).
-template <typename T, typename Prob>
-__device__ __forceinline__ void thread_weight_sums(const T* p_row, const T* q_row, int64_t start, int64_t end,
-                                                   bool vec, const Prob& prob_p, const Prob& prob_q,
-                                                   long long& sum_r, long long& sum_p) {
-  constexpr int K = Vec16<T>::kElems;
-  const int64_t slots = (end - start + K - 1) / K;
-#pragma unroll 4  // independent iterations: lets the loads of several slots be in flight at once
-  for (int64_t s = threadIdx.x; s < slots; s += kThreads) {
-    int64_t w_r[K], w_p[K];
-    load_weights(p_row, q_row, start + s * K, end, vec, prob_p, prob_q, w_r, w_p);
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      sum_r += w_r[k];
-      sum_p += w_p[k];
-    }
-  }
-}
-
-// Inverse-CDF search in [start, end): the first index whose cumulative weight
-// carry + sum(w_r[start..index]) exceeds `threshold` (w_r as in load_weights: pass
-// q_row = null to search p's own weights). Requires carry <= threshold. Returns that index
-// to every thread, or -1 when the cumulative weight of the range never exceeds threshold.
-// Slots are dealt in index order (tile-major, then thread, then element), so the block scan
-// walks the row in index order; it stops after the tile that crosses the threshold.
-template <typename T, typename Prob>
-__device__ __forceinline__ int64_t block_find_crossing(const T* p_row, const T* q_row, int64_t start, int64_t end,
-                                                       bool vec, const Prob& prob_p, const Prob& prob_q,
-                                                       int64_t threshold, long long carry, long long* scan_scratch,
-                                                       long long* s_found) {
-  constexpr int K = Vec16<T>::kElems;
-  if (threadIdx.x == 0) *s_found = -1;  // ordered before any owner's write by the scan's barriers
-  const int64_t slots = (end - start + K - 1) / K;
-  for (int64_t tile = 0; tile < slots; tile += kThreads) {  // uniform trip count
-    const int64_t i = start + (tile + threadIdx.x) * K;     // >= end for idle threads: weights 0
-    int64_t w_r[K], w_p[K];
-    load_weights(p_row, q_row, i, end, vec, prob_p, prob_q, w_r, w_p);
-    long long local = 0;
-#pragma unroll
-    for (int k = 0; k < K; ++k) local += w_r[k];
-    long long tile_total;
-    long long cum = carry + block_exclusive_scan(local, scan_scratch, tile_total);
-    // Cumulative weights never decrease, so exactly one thread owns the crossing (if any).
-    if (cum <= threshold && threshold < cum + local) {
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        cum += w_r[k];
-        if (cum > threshold) {
-          *s_found = i + k;
-          break;
-        }
-      }
-    }
-    carry += tile_total;  // identical in every thread
-    if (carry > threshold) break;
-  }
-  __syncthreads();
-  const long long found = *s_found;
-  __syncthreads();  // nobody resets *s_found before everyone has read it
-  return found;
-}
 
 // The first draft that fails the acceptance test, or n when all pass, to every thread.
 // pq(j, token, p, q) loads the target / draft probabilities of `token` at draft position j.
@@ -284,11 +126,6 @@ __device__ __forceinline__ void write_row(const int64_t* draft_tokens, int64_t* 
     out[j] = j < a ? draft_tokens[b * G + j] : (j == a ? token : int64_t{-1});
   }
   if (threadIdx.x == 0) num_accepted[b] = a;
-}
-
-// Token ids stay in [0, V) whatever happened upstream.
-__device__ __forceinline__ int64_t clamp_token(long long token, int V) {
-  return token < 0 ? 0 : (token >= V ? V - 1 : token);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -330,7 +167,7 @@ rejection_sample_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg
   const int64_t start = split * chunk;
   const int64_t end = min(static_cast<int64_t>(V), start + chunk);
   long long sum_r = 0, sum_p = 0;
-  thread_weight_sums(p_row, q_row, start, end, vec, id, id, sum_r, sum_p);
+  thread_weight_sums(p_row, q_row, start, end, vec, id, id, Difference{}, sum_r, sum_p);
   block_sum2(sum_r, sum_p, sum_scratch);
 
   // ---- 3. publish them; elect the last block of row b ---------------------------------
@@ -345,13 +182,8 @@ rejection_sample_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg
   __threadfence();         // pairs with the writers' fences before reading their totals
 
   // ---- 4. last block: row totals (L2 reads: another SM wrote them) ---------------------
-  long long total_r = 0, total_p = 0;
-  for (int k = threadIdx.x; k < splits; k += kThreads) {
-    const longlong2 t = __ldcg(&row_totals[k]);
-    total_r += t.x;
-    total_p += t.y;
-  }
-  block_sum2(total_r, total_p, sum_scratch);
+  long long total_r, total_p;
+  block_sum_chunk_totals(row_totals, splits, total_r, total_p, sum_scratch);
   const bool use_r = total_r > 0;  // empty residual: draw from p with the same uniform
   const long long total = use_r ? total_r : total_p;
 
@@ -363,35 +195,16 @@ rejection_sample_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg
     const long long threshold = draw_threshold(u, total);  // kept in [0, total - 1] (philox.cuh)
 
     // ---- 5. the chunk whose cumulative range holds the threshold ----------------------
-    if (threadIdx.x == 0) s_chunk = -1;
-    long long carry = 0;
-    for (int k0 = 0; k0 < splits; k0 += kThreads) {  // uniform trip count
-      const int k = k0 + threadIdx.x;
-      long long v = 0;
-      if (k < splits) {
-        const longlong2 t = __ldcg(&row_totals[k]);
-        v = use_r ? t.x : t.y;
-      }
-      long long tile_total;
-      const long long cum = carry + block_exclusive_scan(v, scan_scratch, tile_total);
-      if (cum <= threshold && threshold < cum + v) {  // exactly one owner
-        s_chunk = k;
-        s_base = cum;
-      }
-      carry += tile_total;
-      if (carry > threshold) break;
-    }
-    __syncthreads();
-    const long long c = s_chunk;
-    const long long base = s_base;
+    long long base;
+    const long long c = block_find_chunk(row_totals, splits, use_r, threshold, scan_scratch, &s_chunk, &s_base, base);
 
     // ---- 6. rescan that chunk in index order -----------------------------------------
     if (c >= 0) {  // always true: threshold < total; uniform
       const int64_t c_start = c * chunk;
       const int64_t c_end = min(static_cast<int64_t>(V), c_start + chunk);
       const T* q_search = use_r ? q_row : nullptr;  // the fallback searches p's weights
-      token = block_find_crossing(p_row, q_search, c_start, c_end, vec, id, id, threshold, base, scan_scratch,
-                                  &s_found);
+      token = block_find_crossing(p_row, q_search, c_start, c_end, vec, id, id, Difference{}, threshold, base,
+                                  scan_scratch, &s_found);
       if (token < 0) token = c_end - 1;  // unreachable: the chunk total exceeds threshold - base
     } else {
       token = V - 1;
@@ -426,42 +239,6 @@ rejection_sample_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg
 // everywhere here too (m = s = NaN): no draft is accepted on them and their weights are 0.
 // ---------------------------------------------------------------------------------------
 
-// One softmax row: P(x) = exp(x / t - m) / s, fp32, as torch.softmax(x.float() / t).
-struct SoftmaxProb {
-  float t, m, s;
-  __device__ __forceinline__ float operator()(float x) const { return expf(x / t - m) / s; }
-};
-
-__device__ __forceinline__ bool logits_row_needed(int r, int n, int G) {
-  return r <= G ? r <= n : r - G - 1 < n;
-}
-
-// Block reduction of per-thread softmax partials (m, s, bad) to the chunk's (m, s); every
-// thread gets the result; bad -> m = NaN. Fixed order: the result depends only on the data.
-__device__ __forceinline__ float2 block_softmax_stats(float m, float s, bool bad, float* scratch_m,
-                                                      float* scratch_s) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  bad = __syncthreads_or(bad) != 0;
-  float mm = m;  // never NaN: NaN/+inf inputs only set `bad`
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xFFFFFFFFu, mm, off));
-  if (lane == 0) scratch_m[warp] = mm;
-  __syncthreads();
-  float M = -INFINITY;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, scratch_m[w]);
-  float c = m == -INFINITY ? 0.0f : s * expf(m - M);  // M >= m; a thread with no finite x adds 0
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) c += __shfl_xor_sync(0xFFFFFFFFu, c, off);
-  if (lane == 0) scratch_s[warp] = c;
-  __syncthreads();
-  float S = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) S += scratch_s[w];
-  __syncthreads();
-  return make_float2(bad ? NAN : M, S);
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
 rejection_sample_logits_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg, const T* __restrict__ draft,
@@ -478,7 +255,6 @@ rejection_sample_logits_kernel(const T* __restrict__ target, int64_t t_sb, int64
   __shared__ bool s_is_last;
   __shared__ long long s_found;
 
-  constexpr int K = Vec16<T>::kElems;
   const int64_t b = blockIdx.x;
   const int r = static_cast<int>(blockIdx.y);
   const int64_t split = blockIdx.z;
@@ -496,27 +272,9 @@ rejection_sample_logits_kernel(const T* __restrict__ target, int64_t t_sb, int64
     const int64_t start = split * chunk;
     const int64_t end = min(static_cast<int64_t>(V), start + chunk);
     const bool vec = aligned16(row);
-    float m = -INFINITY, s = 0.0f;  // online max / rescaled sum over this thread's finite x
-    bool bad = false;               // a NaN or +inf: the whole softmax row is NaN
-    const int64_t slots = (end - start + K - 1) / K;
-    for (int64_t slot = threadIdx.x; slot < slots; slot += kThreads) {
-      const int64_t i = start + slot * K;
-      float x[K];
-      load_values(row, i, end, vec, x);
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        if (i + k >= end) continue;
-        const float y = x[k] / t;
-        if (isnan(y) || y == INFINITY) {
-          bad = true;
-        } else if (y > m) {
-          s = s * expf(m - y) + 1.0f;  // m == -inf: 0 * 0 + 1
-          m = y;
-        } else if (y > -INFINITY) {
-          s += expf(y - m);
-        }
-      }
-    }
+    float m, s;  // online max / rescaled sum over this thread's finite x
+    bool bad;    // a NaN or +inf: the whole softmax row is NaN
+    thread_softmax_partial(row, start, end, vec, t, m, s, bad);
     const float2 part = block_softmax_stats(m, s, bad, scratch_m, scratch_s);
     if (threadIdx.x == 0) {
       __stcg(&stats[(b * R + r) * ws_stride + split], part);
@@ -533,27 +291,8 @@ rejection_sample_logits_kernel(const T* __restrict__ target, int64_t t_sb, int64
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int rr = warp; rr < R; rr += kWarps) {
     if (!logits_row_needed(rr, n, G)) continue;  // warp-uniform
-    const float2* slots = stats + (b * R + rr) * ws_stride;
-    bool bad = false;
-    float M = -INFINITY;
-    for (int k = lane; k < splits; k += 32) {
-      const float2 v = __ldcg(&slots[k]);
-      if (isnan(v.x)) bad = true; else M = fmaxf(M, v.x);
-    }
-    bad = __any_sync(0xFFFFFFFFu, bad);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xFFFFFFFFu, M, off));
-    float S = 0.0f;
-    if (!bad && M > -INFINITY) {  // warp-uniform
-      for (int k = lane; k < splits; k += 32) {
-        const float2 v = __ldcg(&slots[k]);
-        if (v.x > -INFINITY) S += v.y * expf(v.x - M);  // an all -inf chunk adds 0
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) S += __shfl_xor_sync(0xFFFFFFFFu, S, off);
-    }
-    // NaN or +inf anywhere, or no finite logit: torch's softmax row is all NaN.
-    if (lane == 0) merged[rr] = (bad || M == -INFINITY) ? make_float2(NAN, NAN) : make_float2(M, S);
+    const float2 ms = warp_merge_softmax(stats + (b * R + rr) * ws_stride, splits, lane);
+    if (lane == 0) merged[rr] = ms;
   }
   __syncthreads();  // merged[] complete; every read of the partials is done
   for (int idx = threadIdx.x; idx < R * splits; idx += kThreads) {
@@ -582,7 +321,7 @@ rejection_sample_logits_kernel(const T* __restrict__ target, int64_t t_sb, int64
 
   // ---- 4. the final draw over the whole final row, by this block ----------------------
   long long total_r = 0, total_p = 0;
-  thread_weight_sums(p_row, q_row, 0, V, vec, prob_p, prob_q, total_r, total_p);
+  thread_weight_sums(p_row, q_row, 0, V, vec, prob_p, prob_q, Difference{}, total_r, total_p);
   block_sum2(total_r, total_p, sum_scratch);
   const bool use_r = total_r > 0;
   const long long total = use_r ? total_r : total_p;
@@ -590,8 +329,8 @@ rejection_sample_logits_kernel(const T* __restrict__ target, int64_t t_sb, int64
   if (total > 0) {      // uniform
     const double u = row_uniform(rnd, b, G, G, a, kSaltFinal);
     const long long threshold = draw_threshold(u, total);  // kept in [0, total - 1] (philox.cuh)
-    token = block_find_crossing(p_row, use_r ? q_row : nullptr, 0, V, vec, prob_p, prob_q, threshold, 0LL,
-                                scan_scratch, &s_found);
+    token = block_find_crossing(p_row, use_r ? q_row : nullptr, 0, V, vec, prob_p, prob_q, Difference{}, threshold,
+                                0LL, scan_scratch, &s_found);
     if (token < 0) token = V - 1;  // unreachable: threshold < total
   }
   if (threadIdx.x == 0) counters[b] = 0;  // every counted block of row b has counted

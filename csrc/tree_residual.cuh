@@ -36,4 +36,32 @@ SPECDEC_HD int64_t residual_update(int64_t r, double total, float q) {
   return d > 0 ? d : 0;
 }
 
+// ---- siblings drawn from one q without replacement (reference `_without_replacement`) ----
+// With Q = to_weight(q) and, per rejected rank i >= 1, the float64 scale c_i = S_i / T'_i
+// (the residual's total over the q mass left off the tokens rejected before rank i):
+//   R_1 = to_weight(p - q),  R_{i+1}(v) = max(0, R_i(v) - floor(c_i * Q(v)))  for v not rejected
+// before rank i (q_i is 0 there). A cut is capped at kCutCap: R <= 2^40 < kCutCap, so a capped
+// cut empties R exactly as the uncapped one would, and the cast can never overflow.
+constexpr double kCutCap = 2199023255552.0;  // 2^41
+
+SPECDEC_HD int64_t sampled_cut(double scale, int64_t q_weight) {
+  const double x = scale * static_cast<double>(q_weight);
+  return static_cast<int64_t>(floor(x < kCutCap ? x : kCutCap));
+}
+
+SPECDEC_HD int64_t sampled_residual_update(int64_t r, double scale, int64_t q_weight) {
+  const int64_t d = r - sampled_cut(scale, q_weight);
+  return d > 0 ? d : 0;
+}
+
+// The scale c = S / T' of a rank (both exact int64 totals, T' >= 1 for a real sibling).
+SPECDEC_HD double sampled_scale(int64_t total, int64_t q_left) {
+  return static_cast<double>(total) / static_cast<double>(q_left);
+}
+
+// The later-sibling test: accept iff u * (c * Q(x)) < R(x), in this float64 order.
+SPECDEC_HD bool sampled_accept(double u, double scale, int64_t q_weight, int64_t r) {
+  return u * (scale * static_cast<double>(q_weight)) < static_cast<double>(r);
+}
+
 }  // namespace specdec

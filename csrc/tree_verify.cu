@@ -19,6 +19,11 @@
 // after it, per sibling rank), whatever V. The k-th rejection at a node reads
 // k + 1 rows; see specdec_kernels/triton/tree_verify.py for the traffic
 // trade-off against a stored residual row.
+// siblings = without replacement (tree_rejection_sampled_kernel): the same walk,
+// plan and rank table, but a node's children share the node's own draft row and
+// the table holds per rank the rejected token and the float64 scale S / T' (bits),
+// so each rejection's pass reads p and one q row (plus one q pass for T at the
+// first rejection of a node) whatever the rank.
 // Small B leaves most SMs idle (one block per row). Splitting a row over V
 // would need a grid-wide handshake per rejected sibling (its total gates the
 // next test and every later residual value), i.e. blocks waiting for each other
@@ -262,6 +267,47 @@ struct ResidualWeights {
   }
 };
 
+// The uniforms of batch row b's walk: the caller's (one per node; the final draw reads
+// node 0's) or Philox draws at sequence position offset + level, keyed by the row's seed
+// (row key 0 with per-request seeds, else b), with the rejection rank as the draw index.
+struct WalkUniforms {
+  const void* uniforms;  // null: seeded
+  bool uniforms_double;
+  int64_t row_base, stride_n;  // uniforms[row_base + node * stride_n]
+  int64_t seed, row_key, offset;
+
+  __device__ __forceinline__ WalkUniforms(const TreeRandomness& r, int64_t b)
+      : uniforms(r.uniforms),
+        uniforms_double(r.uniforms_double != 0),
+        row_base(b * r.uniforms_stride_b),
+        stride_n(r.uniforms_stride_n),
+        seed(r.seeds != nullptr ? r.seeds[b * r.seeds_stride] : r.seed),
+        row_key(r.seeds != nullptr ? 0 : b),
+        offset(r.offsets != nullptr ? r.offsets[b * r.offsets_stride] : 0) {}
+
+  __device__ __forceinline__ double at(int64_t node) const {
+    const int64_t i = row_base + node * stride_n;
+    return uniforms_double ? static_cast<const double*>(uniforms)[i]
+                           : static_cast<double>(static_cast<const float*>(uniforms)[i]);
+  }
+  // The coin of `child`, the sibling of rejection rank `rank` at depth `level`.
+  __device__ __forceinline__ double accept(int64_t child, int64_t level, int rank) const {
+    return uniforms != nullptr ? at(child) : philox_uniform(seed, offset + level, row_key, kSaltAccept, rank);
+  }
+  // The uniform of the final draw at depth `level`.
+  __device__ __forceinline__ double final_draw(int64_t level) const {
+    return uniforms != nullptr ? at(0) : philox_uniform(seed, offset + level, row_key, kSaltFinal, 0);
+  }
+};
+
+// The first child of `cur` after index `prev` (children in index order), or -1.
+__device__ __forceinline__ int next_child(IndexMatrix parents, int64_t b, int64_t cur, int prev, int N) {
+  for (int c = prev + 1; c < N; ++c) {
+    if (load_index(parents, b, c) == cur) return c;
+  }
+  return -1;
+}
+
 // Sum of a row's weights over the block, to every thread (coalesced: consecutive
 // threads take consecutive ids). Every thread must call it.
 template <typename Weights>
@@ -305,6 +351,35 @@ __device__ int64_t inverse_cdf(const Weights& weights, int V, int64_t threshold,
   return block_sum_i64(count, scratch);
 }
 
+// The final draw from the target row p itself (no residual, or an empty one), to every
+// thread; a row with no mass at all gives 0. Every thread must call it.
+template <typename T>
+__device__ __forceinline__ int64_t draw_from_target(const T* p_row, int V, double u, int64_t* scratch) {
+  const TargetWeights<T> p_weights{p_row};
+  const int64_t p_total = block_total(p_weights, V, scratch);
+  return p_total > 0 ? inverse_cdf(p_weights, V, draw_threshold(u, p_total), scratch) : 0;
+}
+
+// Thread 0 records the child `accepted` at depth `level` (its token is in [0, V): it was accepted).
+__device__ __forceinline__ void record_accepted(IndexMatrix tree_tokens, int64_t b, int64_t accepted, int64_t level,
+                                                int64_t* row_out, int64_t* row_nodes) {
+  if (threadIdx.x == 0) {
+    row_out[level] = load_index(tree_tokens, b, accepted);
+    row_nodes[level + 1] = accepted;
+  }
+}
+
+// The padding of a walk that stopped at depth `level`: node 0 first, -1 past the end.
+__device__ __forceinline__ void pad_walk(int64_t* row_out, int64_t* row_nodes, int64_t width, int64_t level) {
+  for (int64_t j = threadIdx.x; j < width; j += kWalkThreads) {
+    if (j == 0) row_nodes[0] = 0;
+    if (j > level) {
+      row_out[j] = -1;
+      row_nodes[j] = -1;
+    }
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kWalkThreads, kWalkBlocksPerSM)
 tree_rejection_sample_kernel(const T* __restrict__ target, int64_t target_stride_b,
@@ -325,15 +400,7 @@ tree_rejection_sample_kernel(const T* __restrict__ target, int64_t target_stride
   int64_t* table = rank_tables + b * (kRankTableColumns * static_cast<int64_t>(N));
   const T* q_base = draft + b * draft_stride_b;
 
-  const bool have_uniforms = rnd.uniforms != nullptr;
-  const int64_t seed = rnd.seeds != nullptr ? rnd.seeds[b * rnd.seeds_stride] : rnd.seed;
-  const int64_t row_key = rnd.seeds != nullptr ? 0 : b;
-  const int64_t offset = rnd.offsets != nullptr ? rnd.offsets[b * rnd.offsets_stride] : 0;
-  auto uniform_at = [&](int64_t node) -> double {
-    const int64_t i = b * rnd.uniforms_stride_b + node * rnd.uniforms_stride_n;
-    return rnd.uniforms_double ? static_cast<const double*>(rnd.uniforms)[i]
-                               : static_cast<double>(static_cast<const float*>(rnd.uniforms)[i]);
-  };
+  const WalkUniforms coins(rnd, b);
 
   // Block-uniform walk state: level, cur, rank, total only change through values
   // every thread reads from shared memory or gets from block_sum_i64.
@@ -349,22 +416,14 @@ tree_rejection_sample_kernel(const T* __restrict__ target, int64_t target_stride
       while (true) {
         // ---- thread 0 finds the next child and decides; the block follows --
         if (threadIdx.x == 0) {
-          int child = -1;
-          for (int c = prev + 1; c < N; ++c) {
-            if (load_index(parents, b, c) == cur) {
-              child = c;
-              break;
-            }
-          }
+          const int child = next_child(parents, b, cur, prev, N);
           int accept = 0;
           if (child >= 0) {
             const int64_t x = load_index(tree_tokens, b, child);
             // Out-of-range tokens are rejected without reading p/q (the
             // residual below is still updated with q_c, as in the reference).
             if (x >= 0 && x < V) {
-              const double u = have_uniforms
-                                   ? uniform_at(child)
-                                   : philox_uniform(seed, offset + level, row_key, kSaltAccept, rank);
+              const double u = coins.accept(child, level, rank);
               const float q_x = to_float(q_base[static_cast<int64_t>(child) * draft_stride_n + x]);
               if (rank == 0) {
                 accept = accept_draft(u, q_x, to_float(p_row[x]));
@@ -404,10 +463,7 @@ tree_rejection_sample_kernel(const T* __restrict__ target, int64_t target_stride
     }
 
     if (accepted >= 0) {
-      if (threadIdx.x == 0) {
-        row_out[level] = load_index(tree_tokens, b, accepted);  // in [0, V): it was accepted
-        row_nodes[level + 1] = accepted;
-      }
+      record_accepted(tree_tokens, b, accepted, level, row_out, row_nodes);
       cur = accepted;
       ++level;
       continue;
@@ -415,16 +471,13 @@ tree_rejection_sample_kernel(const T* __restrict__ target, int64_t target_stride
 
     // ---- no child accepted (or a leaf, or max_depth): the final draw --------
     // Every thread computes the same u (a pure function / one address).
-    const double u = have_uniforms ? uniform_at(0)
-                                   : philox_uniform(seed, offset + level, row_key, kSaltFinal, 0);
+    const double u = coins.final_draw(level);
     int64_t token;
     if (rank > 0 && total > 0) {
       const ResidualWeights<T> residual{p_row, q_base, draft_stride_n, table, N, rank};
       token = inverse_cdf(residual, V, draw_threshold(u, total), s_reduce);
-    } else {  // no residual, or an empty one: draw from p; no mass at all -> 0
-      const TargetWeights<T> p_weights{p_row};
-      const int64_t p_total = block_total(p_weights, V, s_reduce);
-      token = p_total > 0 ? inverse_cdf(p_weights, V, draw_threshold(u, p_total), s_reduce) : 0;
+    } else {  // no residual, or an empty one: draw from p
+      token = draw_from_target(p_row, V, u, s_reduce);
     }
     if (threadIdx.x == 0) {
       row_out[level] = token;
@@ -433,13 +486,172 @@ tree_rejection_sample_kernel(const T* __restrict__ target, int64_t target_stride
     break;
   }
 
-  for (int64_t j = threadIdx.x; j < width; j += kWalkThreads) {
-    if (j == 0) row_nodes[0] = 0;
-    if (j > level) {
-      row_out[j] = -1;
-      row_nodes[j] = -1;
+  pad_walk(row_out, row_nodes, width, level);
+}
+
+// ---------------------------------------------------------------------------
+// siblings = without replacement (reference `_without_replacement`): every child
+// of node v was drawn from the one row q = draft[b, v]. The rank table holds per
+// rejected rank i: [i] the rejected token, [N + i] the bits of the float64 scale
+// c_i = S / T' used at that rank (none at rank 0). One q row for every rank, so a
+// rejection's pass reads p and q once whatever the rank.
+// ---------------------------------------------------------------------------
+template <typename T>
+struct SampledResidualWeights {
+  const T* p_row;
+  const T* q_row;
+  const int64_t* table;
+  int N;
+  int count;  // rejected siblings so far (>= 1)
+
+  __device__ __forceinline__ void tile(int first, int step, int V, int64_t (&w)[kItems]) const {
+    int64_t q_weight[kItems];
+    bool removed[kItems];
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int v = first + k * step;
+      const float q = v < V ? to_float(q_row[v]) : 0.0f;
+      q_weight[k] = to_weight(q);
+      w[k] = v < V ? residual_first(to_float(p_row[v]), q) : 0;
+      removed[k] = false;
+    }
+    for (int i = 1; i < count; ++i) {
+      const int64_t token = table[i - 1];  // q_i is 0 on the tokens rejected before rank i
+      const double scale = __longlong_as_double(static_cast<long long>(table[N + i]));
+#pragma unroll
+      for (int k = 0; k < kItems; ++k) {
+        removed[k] = removed[k] || first + k * step == token;
+        if (!removed[k]) w[k] = sampled_residual_update(w[k], scale, q_weight[k]);
+      }
     }
   }
+
+  // R(x) at a real sibling's token x in [0, V) (rejected by no earlier rank).
+  __device__ __forceinline__ int64_t at(int64_t x) const {
+    const float q = to_float(q_row[x]);
+    const int64_t q_weight = to_weight(q);
+    int64_t r = residual_first(to_float(p_row[x]), q);
+    for (int i = 1; i < count; ++i) {
+      r = sampled_residual_update(r, __longlong_as_double(static_cast<long long>(table[N + i])), q_weight);
+    }
+    return r;
+  }
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kWalkThreads, kWalkBlocksPerSM)
+tree_rejection_sampled_kernel(const T* __restrict__ target, int64_t target_stride_b,
+                              int64_t target_stride_n, const T* __restrict__ draft,
+                              int64_t draft_stride_b, int64_t draft_stride_n,
+                              IndexMatrix tree_tokens, IndexMatrix parents, TreeRandomness rnd,
+                              int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted,
+                              int64_t* __restrict__ accepted_nodes, int64_t* rank_tables, int N,
+                              int V, int64_t max_depth) {
+  __shared__ int64_t s_reduce[kWalkWarps];
+  __shared__ int64_t s_q_weight;  // Q(x) of the sibling just rejected
+  __shared__ int s_child;         // the child just tried, or -1 when none is left
+  __shared__ int s_verdict;       // 0 skipped (q_j cannot draw it), 1 rejected, 2 accepted
+
+  const int64_t b = blockIdx.x;
+  const int64_t width = max_depth + 1;
+  int64_t* row_out = out_tokens + b * width;
+  int64_t* row_nodes = accepted_nodes + b * width;
+  int64_t* table = rank_tables + b * (kRankTableColumns * static_cast<int64_t>(N));
+
+  const WalkUniforms coins(rnd, b);
+
+  // Block-uniform walk state (as in tree_rejection_sample_kernel).
+  int64_t cur = 0;
+  int64_t level = 0;
+  while (true) {
+    const T* p_row = target + b * target_stride_b + cur * target_stride_n;
+    const T* q_row = draft + b * draft_stride_b + cur * draft_stride_n;  // all of cur's children
+    int rank = 0;        // real siblings rejected so far
+    int64_t total = 0;   // S after the last rejection (meaningful once rank > 0)
+    int64_t q_left = 0;  // T': the Q mass off the rejected tokens (meaningful once rank > 0)
+    int64_t accepted = -1;
+    if (level < max_depth) {
+      int prev = 0;
+      while (true) {
+        if (threadIdx.x == 0) {
+          const int child = next_child(parents, b, cur, prev, N);
+          int verdict = 0;
+          if (child >= 0) {
+            const int64_t x = load_index(tree_tokens, b, child);
+            if (x >= 0 && x < V) {
+              const float q_x = to_float(q_row[x]);
+              const int64_t q_weight = to_weight(q_x);
+              bool repeated = false;
+              for (int i = 0; i < rank; ++i) repeated = repeated || table[i] == x;
+              if (q_weight > 0 && !repeated) {  // else q_j could not have drawn x: skipped
+                const double u = coins.accept(child, level, rank);
+                double scale = 0.0;
+                bool accept;
+                if (rank == 0) {
+                  accept = accept_draft(u, q_x, to_float(p_row[x]));
+                } else {
+                  scale = sampled_scale(total, q_left);
+                  const SampledResidualWeights<T> residual{p_row, q_row, table, N, rank};
+                  accept = sampled_accept(u, scale, q_weight, residual.at(x));
+                }
+                verdict = accept ? 2 : 1;
+                if (!accept) {  // published to the pass by the barrier below
+                  table[rank] = x;
+                  table[N + rank] = static_cast<int64_t>(__double_as_longlong(scale));
+                  s_q_weight = q_weight;
+                }
+              }
+            }
+          }
+          s_child = child;
+          s_verdict = verdict;
+        }
+        __syncthreads();
+        const int child = s_child;
+        const int verdict = s_verdict;
+        const int64_t q_weight = s_q_weight;
+        __syncthreads();  // everyone has read the shared words before thread 0 rewrites them
+        if (child < 0) break;
+        prev = child;
+        if (verdict == 0) continue;
+        if (verdict == 2) {
+          accepted = child;
+          break;
+        }
+        const SampledResidualWeights<T> residual{p_row, q_row, table, N, rank + 1};
+        total = block_total(residual, V, s_reduce);
+        if (rank == 0) {  // T, once per node: the q mass every later scale divides by
+          const TargetWeights<T> q_weights{q_row};
+          q_left = block_total(q_weights, V, s_reduce);
+        }
+        q_left -= q_weight;
+        ++rank;
+      }
+    }
+
+    if (accepted >= 0) {
+      record_accepted(tree_tokens, b, accepted, level, row_out, row_nodes);
+      cur = accepted;
+      ++level;
+      continue;
+    }
+
+    const double u = coins.final_draw(level);
+    int64_t token;
+    if (rank > 0 && total > 0) {
+      const SampledResidualWeights<T> residual{p_row, q_row, table, N, rank};
+      token = inverse_cdf(residual, V, draw_threshold(u, total), s_reduce);
+    } else {
+      token = draw_from_target(p_row, V, u, s_reduce);
+    }
+    if (threadIdx.x == 0) {
+      row_out[level] = token < V ? token : V - 1;  // threshold < total: only guards the id range
+      num_accepted[b] = level;
+    }
+    break;
+  }
+
+  pad_walk(row_out, row_nodes, width, level);
 }
 
 // ===========================================================================
@@ -477,8 +689,9 @@ void launch_rejection_typed(const void* target, int64_t target_stride_b, int64_t
                             IndexMatrix tree_tokens, IndexMatrix parents, TreeRandomness rnd,
                             int64_t* out_tokens, int64_t* num_accepted, int64_t* accepted_nodes,
                             int64_t* rank_tables, const TreeRejectionPlan& plan, int64_t N, int64_t V,
-                            int64_t max_depth, cudaStream_t stream) {
-  tree_rejection_sample_kernel<T><<<static_cast<unsigned>(plan.blocks), plan.threads, 0, stream>>>(
+                            int64_t max_depth, bool without_replacement, cudaStream_t stream) {
+  auto kernel = without_replacement ? tree_rejection_sampled_kernel<T> : tree_rejection_sample_kernel<T>;
+  kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, 0, stream>>>(
       static_cast<const T*>(target), target_stride_b, target_stride_n,
       static_cast<const T*>(draft), draft_stride_b, draft_stride_n, tree_tokens, parents, rnd,
       out_tokens, num_accepted, accepted_nodes, rank_tables, static_cast<int>(N), static_cast<int>(V),
@@ -548,7 +761,7 @@ void launch_tree_rejection_sample(const void* target_probs, int64_t target_strid
                                   TreeRandomness randomness, int64_t* out_tokens,
                                   int64_t* num_accepted, int64_t* accepted_nodes, void* workspace,
                                   int64_t B, int64_t N, int64_t V, int64_t max_depth, int dtype,
-                                  cudaStream_t stream) {
+                                  cudaStream_t stream, bool without_replacement) {
   const char* op = "tree_rejection_sample";
   check_common(op, B, N, max_depth, dtype);
   check_arg(B <= 0x7FFFFFFF && N <= 0x7FFFFFFF, op, "B and N must be < 2^31");
@@ -566,20 +779,20 @@ void launch_tree_rejection_sample(const void* target_probs, int64_t target_strid
       launch_rejection_typed<float>(target_probs, target_stride_b, target_stride_n, draft_probs,
                                     draft_stride_b, draft_stride_n, tree_tokens, parents,
                                     randomness, out_tokens, num_accepted, accepted_nodes,
-                                    rank_tables, plan, N, V, max_depth, stream);
+                                    rank_tables, plan, N, V, max_depth, without_replacement, stream);
       break;
     case kFloat16:
       launch_rejection_typed<__half>(target_probs, target_stride_b, target_stride_n, draft_probs,
                                      draft_stride_b, draft_stride_n, tree_tokens, parents,
                                      randomness, out_tokens, num_accepted, accepted_nodes,
-                                     rank_tables, plan, N, V, max_depth, stream);
+                                     rank_tables, plan, N, V, max_depth, without_replacement, stream);
       break;
     default:
       launch_rejection_typed<__nv_bfloat16>(target_probs, target_stride_b, target_stride_n,
                                             draft_probs, draft_stride_b, draft_stride_n,
                                             tree_tokens, parents, randomness, out_tokens,
                                             num_accepted, accepted_nodes, rank_tables, plan, N, V,
-                                            max_depth, stream);
+                                            max_depth, without_replacement, stream);
       break;
   }
   SPECDEC_CUDA_CHECK(cudaGetLastError());

@@ -75,6 +75,9 @@ TreeRejectionPlan tree_rejection_sample_plan(int64_t B, int64_t N, int64_t V);
 
 // target_probs / draft_probs: [B, N, V] of `dtype`, last dim contiguous, with
 // their own element strides. workspace: plan.workspace_bytes, 8-byte aligned.
+// without_replacement: siblings drawn from one q without replacement (draft row v
+// is the q v's children came from; reference `_without_replacement`), else each
+// child c from its own q = draft row c. The plan and workspace are the same.
 void launch_tree_rejection_sample(const void* target_probs, int64_t target_stride_b,
                                   int64_t target_stride_n, const void* draft_probs,
                                   int64_t draft_stride_b, int64_t draft_stride_n,
@@ -82,6 +85,6 @@ void launch_tree_rejection_sample(const void* target_probs, int64_t target_strid
                                   TreeRandomness randomness, int64_t* out_tokens,
                                   int64_t* num_accepted, int64_t* accepted_nodes, void* workspace,
                                   int64_t B, int64_t N, int64_t V, int64_t max_depth, int dtype,
-                                  cudaStream_t stream);
+                                  cudaStream_t stream, bool without_replacement = false);
 
 }  // namespace specdec

@@ -121,6 +121,8 @@ SAMPLES = [
     ("tree_greedy_verify", dict(B=2, N=7, V=32000)),
     ("rejection_sample", dict(B=2, G=3, V=32000)),
     ("rejection_sample_logits", dict(B=2, G=3, V=32000)),
+    ("block_verify", dict(B=2, G=3, V=32000)),
+    ("block_verify_logits", dict(B=2, G=3, V=32000)),
     ("kv_compact", dict(B=2, L=4, Hkv=8, S_max=64, D=128, elem_size=2, vector_bytes=16)),
     ("early_exit_topk", dict(B=2, H=512, V=32000, k=4)),
     ("tree_attention", dict(B=2, N=8, Hq=8, Hkv=2, D=128, capacity=512, dtype=BFLOAT16)),
@@ -141,7 +143,8 @@ def test_static_shared_memory_mirrors_the_compiled_kernels(compiled, arch):
         for launch in plan(name, arch, **sizes)["launches"]:
             kernels.add(launch["kernel"])
             assert static_smem_seen(compiled, arch, launch["kernel"]) == {launch["static_smem"]}, launch
-    families = {family for (a, family) in compiled if a == arch} - {"tree_rejection_sample_kernel"}
+    families = {family for (a, family) in compiled if a == arch} - {"tree_rejection_sample_kernel",
+                                                                    "tree_rejection_sampled_kernel"}
     assert families == kernels  # every launched kernel has a plan (tree_rejection_sample: one CTA per row)
 
 
@@ -201,6 +204,22 @@ def test_rejection_sample_plans(compiled, arch, kernel, B, G, V):
     assert served(p) == (G <= most_g and V < 2**23), p
     if served(p) and B:
         assert 1 <= p["splits"] <= p["ws_stride"]  # the workspace holds every split
+
+
+@SETTINGS
+@given(arch=st.sampled_from(ARCHS), kernel=st.sampled_from(["block_verify", "block_verify_logits"]),
+       B=BATCH, G=st.integers(0, 70000), V=st.integers(1, 2**23 + 2))
+@example(arch=90, kernel="block_verify", B=70000, G=4, V=151936)
+@example(arch=80, kernel="block_verify_logits", B=1, G=32767, V=2**23 - 1)
+def test_block_verify_plans(compiled, arch, kernel, B, G, V):
+    p = plan(kernel, arch, B=B, G=G, V=V)
+    assert_fits(p, arch, compiled)
+    rows = G + 1 if kernel == "block_verify" else 2 * G + 1  # grid y of the widest launch
+    assert served(p) == (rows <= GRID_YZ and V < 2**23), p
+    if served(p) and B:
+        assert 1 <= p["splits"] <= p["ws_stride"] <= 64  # the workspace holds every split
+        assert p["launches"][-1]["grid"] == (B, G + 1, p["splits"])
+        assert (p["splits"] - 1) * p["chunk"] < V <= p["splits"] * p["chunk"]  # every CTA owns elements
 
 
 # ---------------------------------------------------------------------------------- kv_compact
@@ -315,6 +334,10 @@ ROUTES = [
     ("rejection_sample", dict(B=10**5, G=4, V=32000, dtype=torch.float32), True),
     ("rejection_sample", dict(B=1, G=4, V=2**23, dtype=torch.float32), False),
     ("rejection_sample_logits", dict(B=1, G=2048, V=32000, dtype=torch.float32), False),
+    ("block_verify", dict(B=10**5, G=4, V=151936, dtype=torch.bfloat16), True),
+    ("block_verify", dict(B=1, G=4, V=2**23, dtype=torch.float32), False),
+    ("block_verify_logits", dict(B=2, G=4, V=151936, dtype=torch.float16), True),
+    ("block_verify_logits", dict(B=1, G=40000, V=32000, dtype=torch.float32), False),
     ("tree_rejection_sample", dict(B=1, N=8, V=2**23, depth=4, dtype=torch.float32), False),
     ("early_exit_topk", dict(B=8, H=16384, V=151936, k=8, dtype=torch.bfloat16), True),
     ("early_exit_topk", dict(B=1, H=60000, V=151936, k=8, dtype=torch.bfloat16), False),

@@ -50,7 +50,9 @@ def test_every_kernel_family_is_built_for_both_archs(kernels):
     families = ("tree_attention_mma_kernel", "tree_attention_simt_kernel", "greedy_verify_kernel",
                 "logit_verify_kernel", "max_prob_kernel", "rejection_sample_kernel",
                 "rejection_sample_logits_kernel", "tree_greedy_verify_kernel", "tree_rejection_sample_kernel",
-                "kv_compact_kernel", "early_exit_split_kernel", "early_exit_merge_kernel")
+                "tree_rejection_sampled_kernel",
+                "kv_compact_kernel", "early_exit_split_kernel", "early_exit_merge_kernel",
+                "block_verify_kernel", "block_verify_logits_kernel", "block_verify_stats_kernel")
     for family in families:
         assert {row["arch"] for row in kernels if family in row["name"]} >= ARCHS, family
 

@@ -7,7 +7,7 @@ import specdec_kernels
 from specdec_kernels import ops
 
 REGISTERED = {
-    "bild_verify", "early_exit_topk", "greedy_verify", "kv_compact", "kv_rollback", "max_prob", "rejection_sample",
+    "bild_verify", "block_verify", "block_verify_logits", "early_exit_topk", "greedy_verify", "kv_compact", "kv_rollback", "max_prob", "rejection_sample",
     "rejection_sample_logits",
     "relaxed_verify", "tree_attention", "tree_greedy_verify", "tree_rejection_sample",
 }
@@ -43,6 +43,13 @@ def _opcheck_cases():
         ("rejection_sample_logits", "per-row", (torch.randn(B, G + 1, V, generator=g), torch.randn(B, G, V, generator=g),
                                                 tokens, 1.0, torch.tensor([0.5, 2.0]), None, 5, None, torch.tensor([0, 3]),
                                                 torch.tensor([1, 3]), "torch")),
+        ("block_verify", "uniforms", (_probs(g, B, G + 1, V), _probs(g, B, G, V), tokens, torch.rand(B, G + 1, generator=g),
+                                      None, None, None, torch.tensor([3, 1]), "torch")),
+        ("block_verify", "seeds", (_probs(g, B, G + 1, V), _probs(g, B, G, V), tokens, None, None,
+                                   torch.tensor([1, 2]), torch.tensor([0, 5]), None, "torch")),
+        ("block_verify_logits", "per-row", (torch.randn(B, G + 1, V, generator=g), torch.randn(B, G, V, generator=g),
+                                            tokens, 1.0, torch.tensor([0.5, 2.0]), None, 5, None, torch.tensor([0, 3]),
+                                            torch.tensor([1, 3]), "torch")),
         ("greedy_verify", "", (torch.randn(B, G + 1, V, generator=g), tokens, None, "torch")),
         ("greedy_verify", "ragged", (torch.randn(B, G + 1, V, generator=g), tokens, torch.tensor([0, 2]), "torch")),
         ("relaxed_verify", "", (torch.randn(B, G + 1, V, generator=g), tokens, 2, 0.5, torch.tensor([2, 3]), "torch")),

@@ -1,15 +1,11 @@
 """Sampling is lossless: the joint distribution of the first two tokens `speculative` generates
 equals the target's own (exact probabilities by enumeration over a tiny vocabulary), with plain
-sampling and with temperature + top-k + top-p applied to both models; the same chi-square rejects
-a wrong residual (resampling from p instead of norm(max(0, p - q))). The standardisation equals
-HF's warpers."""
+sampling and with temperature + top-k + top-p applied to both models, under token-wise and block
+verification; the same chi-square rejects a wrong residual (resampling from p instead of
+norm(max(0, p - q))). The standardisation equals HF's warpers."""
 
 import pytest
 import torch
-from scipy import stats
-from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                    TopPLogitsWarper)
 
 import specdec_kernels
 from specdec_kernels import ops
@@ -17,53 +13,11 @@ from specdec_kernels.decoding import SpeculativeDecoder
 from specdec_kernels.decoding.standardize import Sampling, draw, standardize
 
 from hf_support import one_thread
-
-VOCAB, ROWS, PROMPT = 8, 2000, [3, 5, 1]
-
-
-def tiny_llama(seed: int):
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
-                         initializer_range=0.5, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    return LlamaForCausalLM(config).eval()
-
+from sampling_support import PROMPT, ROWS, VOCAB, exact_joint, hf_warp, joint_pvalue, tiny_llama
 
 @pytest.fixture(scope="module")
 def models():
     return tiny_llama(0), tiny_llama(1)  # independent weights: many rejections, the residual matters
-
-
-def hf_warp(logits, temperature, top_k, top_p):
-    scores = logits.float().reshape(-1, logits.shape[-1])  # HF's warpers take [rows, V]
-    for warper in (TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k) if top_k else None,
-                   TopPLogitsWarper(top_p) if top_p else None):
-        if warper is not None:
-            scores = warper(None, scores)
-    return scores.softmax(-1).view(logits.shape)
-
-
-@torch.no_grad()
-def exact_joint(target, warp) -> torch.Tensor:
-    """[V, V] probability of (x1, x2) when sampling from the target with the given warpers."""
-    prompt = torch.tensor([PROMPT])
-    p1 = warp(target(prompt).logits[0, -1])
-    seconds = torch.cat([prompt.repeat(VOCAB, 1), torch.arange(VOCAB).unsqueeze(1)], dim=1)
-    p2 = warp(target(seconds).logits[:, -1])
-    return p1.unsqueeze(1) * p2
-
-
-def joint_pvalue(sequences: torch.Tensor, joint: torch.Tensor) -> float:
-    pairs = sequences[:, len(PROMPT)] * VOCAB + sequences[:, len(PROMPT) + 1]
-    observed = torch.bincount(pairs, minlength=VOCAB * VOCAB).double()
-    expected = joint.flatten().double() * len(pairs)
-    assert observed[expected == 0].sum() == 0  # filtered-out tokens (top-k / top-p) never appear
-    keep = expected >= 5  # cells expecting fewer than 5 draws are merged into one
-    small = ~keep & (expected > 0)
-    obs = torch.cat([observed[keep], observed[small].sum().view(1)])
-    exp = torch.cat([expected[keep], expected[small].sum().view(1)])
-    obs, exp = obs[exp > 0], exp[exp > 0]
-    return float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
 
 
 class ResampleFromP(SpeculativeDecoder):
@@ -82,23 +36,26 @@ class ResampleFromP(SpeculativeDecoder):
 SETTINGS = [dict(temperature=1.0, top_k=None, top_p=None), dict(temperature=0.7, top_k=6, top_p=0.8)]
 
 
+@pytest.mark.parametrize("verification", ["token", "block"])
 @pytest.mark.parametrize("setting", SETTINGS, ids=["plain", "temp_topk_topp"])
-def test_first_two_tokens_follow_the_target(models, setting):
+def test_first_two_tokens_follow_the_target(models, setting, verification):
     target, draft = models
     ids = torch.tensor([PROMPT]).repeat(ROWS, 1)
     with one_thread():
         out = specdec_kernels.generate(target, ids, strategy="speculative", draft_model=draft, num_draft_tokens=2,
-                                       max_new_tokens=2, do_sample=True, seed=123, eos_token_id=[], **setting)
+                                       max_new_tokens=2, do_sample=True, seed=123, eos_token_id=[],
+                                       verification=verification, **setting)
     joint = exact_joint(target, lambda x: hf_warp(x, **setting))
     assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens  # both paths ran
     assert joint_pvalue(out.sequences, joint) > 1e-3
 
 
-def test_chi_square_rejects_a_wrong_residual(models):
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_chi_square_rejects_a_wrong_residual(models, verification):
     target, draft = models
     ids = torch.tensor([PROMPT]).repeat(ROWS, 1)
     with one_thread():
-        out = ResampleFromP(target, draft, num_draft_tokens=2).generate(
+        out = ResampleFromP(target, draft, num_draft_tokens=2, verification=verification).generate(
             ids, max_new_tokens=2, do_sample=True, seed=123, eos_token_id=[])
     pvalue = joint_pvalue(out.sequences, exact_joint(target, lambda x: hf_warp(x, 1.0, None, None)))
     assert pvalue < 1e-6
@@ -122,12 +79,49 @@ def test_standardize_equals_hf_warpers():
         torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
 
 
-def test_sampling_uses_the_op_on_the_requested_backend(models, monkeypatch):
+@pytest.mark.parametrize("verification, op", [(None, "block_verify"), ("block", "block_verify"),
+                                              ("token", "rejection_sample")])
+def test_sampling_uses_the_op_on_the_requested_backend(models, monkeypatch, verification, op):
+    """Block verification is the default for sampled chains; token-wise on request."""
     target, draft = models
-    calls = []
-    real = ops.rejection_sample
-    monkeypatch.setattr(ops, "rejection_sample", lambda *a, **k: calls.append(k["backend"]) or real(*a, **k))
+    calls = {name: [] for name in ("block_verify", "rejection_sample")}
+    for name in calls:
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _real=real, _name=name, **k: calls[_name].append(k["backend"]) or _real(*a, **k))
     ids = torch.tensor([PROMPT])
+    options = {} if verification is None else dict(verification=verification)
     specdec_kernels.generate(target, ids, strategy="speculative", draft_model=draft, max_new_tokens=3,
-                             do_sample=True, seed=1, eos_token_id=[], backend="triton")
-    assert calls and set(calls) == {"triton"}
+                             do_sample=True, seed=1, eos_token_id=[], backend="triton", **options)
+    assert calls[op] and set(calls[op]) == {"triton"}
+    assert not any(calls[other] for other in calls if other != op)
+
+
+def test_block_verification_accepts_more_than_token_wise(models):
+    """Same pair, same prompts: block verification keeps more drafts per step (Sun et al., Theorem 2:
+    never fewer in expectation). 2000 rows x 4 new tokens; the gap is many standard errors wide."""
+    target, draft = models
+    ids = torch.tensor([PROMPT]).repeat(ROWS, 1)
+    accepted = {}
+    with one_thread():
+        for verification in ("token", "block"):
+            out = specdec_kernels.generate(target, ids, strategy="speculative", draft_model=draft,
+                                           num_draft_tokens=3, max_new_tokens=4, do_sample=True, seed=9,
+                                           eos_token_id=[], verification=verification)
+            accepted[verification] = out.stats.accepted_tokens / out.stats.target_forwards
+    assert accepted["block"] > accepted["token"], accepted
+
+
+@pytest.mark.parametrize("options, needle", [
+    (dict(verification="blocks"), "`verification` must be one of 'block', 'token'"),
+    (dict(verification="block", lenience=0.5), "`lenience` < 1 needs verification='token'"),
+])
+def test_verification_option_errors(models, options, needle):
+    target, draft = models
+    with pytest.raises(ValueError, match=needle):
+        specdec_kernels.generate(target, torch.tensor([PROMPT]), strategy="speculative", draft_model=draft,
+                                 max_new_tokens=2, do_sample=True, seed=1, **options)
+
+
+def test_lenience_defaults_to_token_wise(models):
+    assert SpeculativeDecoder(*models, lenience=0.5).verification == "token"
+    assert SpeculativeDecoder(*models).verification == "block"

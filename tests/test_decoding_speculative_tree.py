@@ -21,7 +21,8 @@ from specdec_kernels.reference.tree import children_table, tree_depths
 
 from decoding_support import left_padded, make_pair
 from hf_support import one_thread
-from test_decoding_sampling import PROMPT, ROWS, SETTINGS, exact_joint, hf_warp, joint_pvalue
+from sampling_support import PROMPT, ROWS, exact_joint, hf_warp, joint_pvalue, tiny_llama
+from test_decoding_sampling import SETTINGS
 
 NEW = 12
 TREES = [(3, 2, 5), (2, 3, 8), (4, 3, 10), (1, 4, 3)]  # (DEPTH, K, N): wide, bushy, deep, one level
@@ -191,22 +192,47 @@ def test_tree_is_well_formed():
 
 @pytest.fixture(scope="module")
 def sampling_models():
-    from test_decoding_sampling import tiny_llama
     return tiny_llama(0), tiny_llama(1)  # independent weights: siblings get rejected and accepted
 
 
-def first_two(target, draft, setting, decoder=SpeculativeDecoder):
+def first_two(target, draft, setting, decoder=SpeculativeDecoder, siblings="top"):
     ids = torch.tensor([PROMPT]).repeat(ROWS, 1)
-    strategy = decoder(target, draft, num_draft_tokens=2, tree_topk=3, tree_nodes=5)
+    strategy = decoder(target, draft, num_draft_tokens=2, tree_topk=3, tree_nodes=5, tree_siblings=siblings)
     return strategy.generate(ids, max_new_tokens=2, do_sample=True, seed=321, eos_token_id=[], **setting)
 
 
+@pytest.mark.parametrize("siblings", ["top", "sampled"])
 @pytest.mark.parametrize("setting", SETTINGS, ids=["plain", "temp_topk_topp"])
-def test_sampled_tree_follows_the_target(sampling_models, setting):
+def test_sampled_tree_follows_the_target(sampling_models, setting, siblings):
     target, draft = sampling_models
-    out = first_two(target, draft, setting)
+    out = first_two(target, draft, setting, siblings=siblings)
     assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens
     assert joint_pvalue(out.sequences, exact_joint(target, lambda x: hf_warp(x, **setting))) > 1e-3
+
+
+def test_chi_square_rejects_sampled_siblings_verified_as_independent(sampling_models, monkeypatch):
+    """Siblings drawn without replacement but verified as if each were drawn from the full q: the
+    rejected sibling stays in q, and the emitted law is off."""
+    target, draft = sampling_models
+    real = ops.tree_rejection_sample
+    monkeypatch.setattr(ops, "tree_rejection_sample", lambda *a, **k: real(*a, **{**k, "siblings": "independent"}))
+    out = first_two(target, draft, SETTINGS[0], siblings="sampled")
+    assert joint_pvalue(out.sequences, exact_joint(target, lambda x: hf_warp(x, **SETTINGS[0]))) < 1e-6
+
+
+def test_sampled_siblings_use_the_without_replacement_rule(sampling_models, monkeypatch):
+    target, draft = sampling_models
+    rules = []
+    real = ops.tree_rejection_sample
+    monkeypatch.setattr(ops, "tree_rejection_sample",
+                        lambda *a, **k: rules.append(k.get("siblings", "independent")) or real(*a, **k))
+    for siblings, sample in (("sampled", True), ("top", True), ("sampled", False)):
+        strategy = SpeculativeDecoder(target, draft, num_draft_tokens=2, tree_topk=2, tree_nodes=4, tree_siblings=siblings)
+        strategy.generate(torch.tensor([PROMPT]), max_new_tokens=3, do_sample=sample, seed=1, eos_token_id=[])
+    assert set(rules[:1]) == {"without_replacement"} and "without_replacement" not in rules[rules.index("independent"):]
+    graph_keys = {SpeculativeDecoder(target, draft, num_draft_tokens=2, tree_topk=2, tree_siblings=s).graph_key()
+                  for s in ("top", "sampled")}
+    assert len(graph_keys) == 2
 
 
 def no_residual(target_probs, draft_probs, tokens, parents, *, max_depth, seed, offsets, backend):
@@ -285,6 +311,9 @@ def test_default_is_the_chain(sampling_models, monkeypatch):
     (dict(tree_topk=2, schedule="heuristic"), "`schedule` must be 'constant' with a token tree"),
     (dict(tree_topk=2, tree_nodes=4, lenience=0.5), "`lenience` must be 1 with a token tree"),
     (dict(tree_topk=100), "`tree_topk`=100 exceeds the vocabulary"),
+    (dict(tree_topk=2, tree_siblings="random"), "`tree_siblings` must be one of 'top', 'sampled'"),
+    (dict(tree_siblings="sampled"), "`tree_siblings` applies to token trees"),
+    (dict(tree_topk=2, verification="block"), "`verification` applies to chains"),
 ])
 def test_bad_tree_options_fail_with_one_line(sampling_models, options, message):
     target, draft = sampling_models

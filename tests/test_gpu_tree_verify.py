@@ -490,3 +490,105 @@ def test_rejection_allocates_nothing_of_size_batch_times_vocab(backend):
     assert peak < B * V, f"{backend}: {peak} bytes allocated by one call"  # the scratch alone was 8 * B * V
     want = ops.tree_rejection_sample(target, draft, tokens, parents, backend="torch", **rnd)
     assert_same(got, want)
+
+
+# ----------------------------------------------------------------------------
+# siblings="without_replacement": one q per parent (draft row v), children drawn from it
+# without replacement (draft_tree.sample_children), verified with q updated after each
+# rejected sibling. Both GPU backends against the reference, bit for bit.
+# ----------------------------------------------------------------------------
+WR = "without_replacement"
+
+
+def sampled_children_tokens(draft, parents, gen, odd_frac=0.05):
+    """Each node's children drawn without replacement from the node's draft row (in index order),
+    a few replaced by random ids (skipped or rejected by the rule)."""
+    from specdec_kernels.decoding.draft_tree import sample_children
+
+    draft_cpu, parents = draft.float().cpu(), parents.cpu()
+    B, N, V = draft_cpu.shape
+    tokens = torch.full((B, N), -1, dtype=torch.int64)
+    for b in range(B):
+        for v in range(N):
+            kids = (parents[b] == v).nonzero().flatten()
+            kids = kids[kids > 0]
+            if len(kids):
+                u = torch.rand(1, len(kids), generator=gen, dtype=torch.float64)
+                tokens[b, kids] = sample_children(draft_cpu[b, v:v + 1], u)[0][0]
+    odd = (torch.rand(B, N, generator=gen) < odd_frac) & (parents >= 0)
+    return torch.where(odd, torch.randint(0, V, (B, N), generator=gen), tokens)
+
+
+def run_sampled(backend, target, draft, tokens, parents, max_depth=None, **rnd):
+    got = ops.tree_rejection_sample(target, draft, tokens, parents, max_depth=max_depth, backend=backend,
+                                    siblings=WR, **rnd)
+    want = ops.tree_rejection_sample(target, draft, tokens, parents, max_depth=max_depth, backend="torch",
+                                     siblings=WR, **rnd)
+    assert_same(got, want)
+    return got
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("mode", RANDOMNESS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_sampled_siblings_random_trees(dtype, mode, backend):
+    if backend == "triton":
+        pytest.importorskip("triton")
+    gen = torch.Generator().manual_seed(41 + RANDOMNESS.index(mode))
+    cgen = torch.Generator(device="cuda").manual_seed(41)
+    for B, N, V in ((1, 7, 1000), (4, 12, 32000), (16, 32, 128256)):
+        parents = random_parents(B, N, gen)
+        target, draft = (x.to(dtype) for x in probs_pair(B, N, V, cgen, sharp=1.0))
+        tokens = sampled_children_tokens(draft, parents, gen).cuda()
+        rnd = randomness(mode, B, N, gen)
+        for max_depth in (None, 1, N + 3):
+            run_sampled(backend, target, draft, tokens, parents.cuda(), max_depth=max_depth, **rnd)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_sampled_siblings_wide_trees_and_bad_rows(dtype, backend):
+    """10 and 8 sampled siblings (long rejection chains), NaN / inf / zero rows, repeats."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    gen = torch.Generator().manual_seed(43)
+    B, V = 8, 32000
+    parents = torch.tensor([-1] + [0] * 10 + [1] * 8 + [2] * 5).expand(B, -1).clone()
+    N = parents.shape[1]
+    target, draft = probs_pair(B, N, V, torch.Generator(device="cuda").manual_seed(43), sharp=0.5)
+    tokens = sampled_children_tokens(draft, parents, gen)
+    target[0, 0] = NAN
+    draft[1, 0] = NAN
+    target[2, 0] = 0.0
+    draft[3, 0] = 0.0
+    draft[4, 0, :100] = INF
+    tokens[5, 2] = tokens[5, 1]  # a repeated sibling
+    args = (target.to(dtype), draft.to(dtype), tokens.cuda(), parents.cuda())
+    for mode in RANDOMNESS:
+        out = run_sampled(backend, *args, **randomness(mode, B, N, gen))[0]
+        assert bool(((out >= -1) & (out < V)).all())
+
+
+def test_sampled_siblings_cuda_graph():
+    gen = torch.Generator().manual_seed(45)
+    cgen = torch.Generator(device="cuda").manual_seed(45)
+    B, N, V, D = 4, 16, 128256, 5
+    target, draft = (x.bfloat16() for x in probs_pair(B, N, V, cgen, sharp=1.0))
+    parents = random_parents(B, N, gen).cuda()
+    tokens = sampled_children_tokens(draft, parents, gen).cuda()
+    seeds = torch.randint(0, 2**62, (B,), generator=gen).cuda()
+    offsets = torch.randint(0, 100, (B,), generator=gen).cuda()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = ops.tree_rejection_sample(target, draft, tokens, parents, max_depth=D, seed=seeds, offsets=offsets,
+                                           siblings=WR, backend="cuda")
+    for _ in range(3):
+        new_t, new_d = probs_pair(B, N, V, cgen, sharp=1.0)
+        target.copy_(new_t.bfloat16())
+        draft.copy_(new_d.bfloat16())
+        tokens.copy_(sampled_children_tokens(draft, parents, gen))
+        offsets.add_(1)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same(static, ops.tree_rejection_sample(target, draft, tokens, parents, max_depth=D, seed=seeds,
+                                                      offsets=offsets, siblings=WR, backend="torch"))

@@ -12,6 +12,7 @@ sequence is exact and small enough to enumerate.
 - ragged rows, edge rows, seeds and bad inputs.
 """
 
+import functools
 import itertools
 import math
 from fractions import Fraction
@@ -23,9 +24,9 @@ from scipy import stats
 
 import oracles
 
-from specdec_kernels import reference
-from specdec_kernels.reference import block_verify as bv
-from specdec_kernels.reference.block_verify import block_verify
+from specdec_kernels import ops, reference
+from specdec_kernels.reference import block_verification as bv
+from specdec_kernels.reference.block_verification import block_verify
 
 
 # ---------------------------------------------------------------- toy models
@@ -591,6 +592,8 @@ def test_edge_rows_give_ids_in_range():
     (lambda a: a.update(target_probs=[1.0]), TypeError, "`target_probs`"),
 ])
 def test_bad_inputs_name_the_argument(mutate, error, needle):
+    """The public op validates (the reference takes validated inputs, like every reference op)."""
+    block_verify = functools.partial(ops.block_verify, backend="torch")
     target, draft, drafts, counts, uniforms = random_case(6)
     args = dict(target_probs=target, draft_probs=draft, draft_tokens=drafts, uniforms=uniforms,
                 num_draft_tokens=counts)
@@ -601,3 +604,18 @@ def test_bad_inputs_name_the_argument(mutate, error, needle):
     neither = dict(target_probs=target, draft_probs=draft, draft_tokens=drafts)
     with pytest.raises(ValueError, match="exactly one of `uniforms`"):
         block_verify(neither["target_probs"], neither["draft_probs"], neither["draft_tokens"])
+
+
+def test_a_coin_below_zero_keeps_nothing_it_should_not():
+    """The op cannot inspect a caller's coins on a GPU: a negative one passes only where p_i > 0, so it
+    never keeps a slot past n_b, a -1 padding draft, or a prefix the target gives no mass."""
+    V = 5
+    target = torch.full((3, 4, V), 1.0 / V)
+    draft = torch.full((3, 3, V), 1.0 / V)
+    drafts = torch.tensor([[1, 2, 3], [1, -1, 3], [1, 2, 3]])
+    target[2, 1, 2] = 0.0  # p(X_2) = 0: p_2 = p_3 = 0
+    uniforms = torch.tensor([[0.9, -0.25, 0.5, 0.3], [0.9, -0.25, 0.5, 0.3], [0.9, 0.9, -0.25, 0.3]],
+                            dtype=torch.float64)
+    out, acc = block_verify(target, draft, drafts, uniforms=uniforms, num_draft_tokens=torch.tensor([1, 3, 3]))
+    assert acc.tolist() == [1, 1, 1]
+    assert bool((out >= -1).all()) and out[1, 0] == 1 and out[1, 1] != -1

@@ -175,21 +175,22 @@ def on_device(kwargs: dict) -> dict:
     return {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
 
-@pytest.mark.parametrize("op, backend", params("rejection_sample", "rejection_sample_logits"))
+@pytest.mark.parametrize("op, backend", params("rejection_sample", "rejection_sample_logits", "block_verify",
+                                                "block_verify_logits"))
 @given(data=st.data())
 @SETTINGS
 def test_rejection_sample(op, backend, data):
     gen = gen_of(data)
     batch, g, vocab, target, _, counts = chain_inputs(data, gen)
     draft = torch.randn(batch, g, vocab, generator=gen) * 2
-    if op == "rejection_sample":
+    if op in ("rejection_sample", "block_verify"):  # probabilities in; the *_logits ops take the logits
         target, draft = target.softmax(-1), draft.softmax(-1)
     drafts = torch.multinomial(draft.softmax(-1).reshape(-1, vocab), 1, generator=gen).reshape(batch, g)
     rand_view, rand_ref = randomness(data, gen, batch, g + 1)
     d_view, d_ref = draw_index(data, "draft_tokens", drafts, filler=0)
     c_view, c_ref = draw_index(data, "num_draft_tokens", counts, filler=g)
     extra_view, extra_ref = {}, {}
-    if op == "rejection_sample_logits" and data.draw(st.booleans(), label="row temperatures"):
+    if op.endswith("_logits") and data.draw(st.booleans(), label="row temperatures"):
         temps = 0.5 + torch.rand(batch, generator=gen)
         extra_view["temperature"], extra_ref["temperature"] = draw_float(data, "temperature", temps, 1e-3)
     fn = getattr(ops, op)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CAPABILITIES = (80, 90)
 SHARED_BYTES = {80: 163 * 1024, 90: 227 * 1024}  # opt-in dynamic shared memory per block
 MODULES = ("early_exit_topk", "kv_compact", "logit_verify", "rejection_sample", "rejection_sample_logits",
-           "tree_attention", "tree_verify")
+           "tree_attention", "tree_verify", "block_verify", "block_verify_logits")
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,13 @@ import torch
 
 from specdec_kernels import ops
 from specdec_kernels.common import registry
-from specdec_kernels.ops import attention, chain_verify, early_exit, kv_cache, tree_verify
+from specdec_kernels.ops import attention, block_verification, chain_verify, early_exit, kv_cache, tree_verify
 from specdec_kernels.triton import _launch
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA: grid x, y, z
 H100_SMS = 132
 MODULES = ("early_exit_topk", "kv_compact", "logit_verify", "rejection_sample", "rejection_sample_logits",
-           "tree_attention", "tree_verify")
+           "tree_attention", "tree_verify", "block_verify", "block_verify_logits")
 META = torch.device("meta")
 BIG_B = 10**6  # a serving batch far past 65535 rows
 
@@ -60,7 +60,7 @@ def triton_refusal(monkeypatch, call) -> str | None:
         seen.update(op=runs_as or op, sizes=sizes)
         return "torch"  # meta tensors: the custom op runs its fake implementation whatever this says
 
-    for module in (attention, chain_verify, early_exit, kv_cache, tree_verify):
+    for module in (attention, chain_verify, early_exit, kv_cache, tree_verify, block_verification):
         monkeypatch.setattr(module, "resolve", spy)
     call()
     return registry.refusal(seen["op"], "triton", seen["sizes"])
@@ -107,6 +107,25 @@ def test_chain_ops(launches, monkeypatch, op, batch, g, vocab):
     # target and draft row (rejection_sample_logits)
     rows = dict(rejection_sample=batch, rejection_sample_logits=batch * (2 * g + 1)).get(op, batch * (g + 1))
     assert (reason is None) == (rows <= GRID_LIMITS[0]), reason  # refused exactly where x would overflow
+
+
+@pytest.mark.parametrize("batch, g, vocab", CHAIN_SHAPES)
+@pytest.mark.parametrize("op", ["block_verify", "block_verify_logits"])
+def test_block_verify_ops(launches, monkeypatch, op, batch, g, vocab):
+    scores, draft, tokens, counts = meta(batch, g + 1, vocab), meta(batch, g, vocab), index(batch, g), index(batch)
+    reason = triton_refusal(monkeypatch, lambda: getattr(ops, op)(scores, draft, tokens, num_draft_tokens=counts,
+                                                                  seed=1))
+    if reason is None:
+        registry.implementation(op, "triton")(scores, draft, tokens, num_draft_tokens=counts, seed=1)
+    check_grids(launches, expect_launches=reason is None)
+    # grid x: a program per position of every row (the block kernel), and per target and draft
+    # row (the logits op's statistics launch); the block kernel's V-splits stay on grid y
+    rows = batch * (2 * g + 1) if op == "block_verify_logits" else batch * (g + 1)
+    assert (reason is None) == (rows <= GRID_LIMITS[0]), reason
+    if reason is None:
+        kernels = ["_softmax_stats_kernel"] if op == "block_verify_logits" else []  # statistics first
+        assert [name.split(".")[-1] for name, _ in launches] == kernels + ["_block_verify_kernel"]
+        assert launches[-1][1][0] == batch * (g + 1)
 
 
 @pytest.mark.parametrize("rows, vocab", [(1, 2), (BIG_B, 32000), (4, 2**24)])

@@ -73,6 +73,12 @@ ALLOWANCES = {
     "rejection_sample_logits._rejection_sample_logits_kernel": Allowance(
         "BLOCK_P = max(2, next_pow2(g + 1)): a row's positions as lanes; target rows B * (g + 1) is runtime",
         g_bucket=lambda g: max(2, np2(g + 1))),
+    "block_verify._block_verify_kernel": Allowance(
+        "BLOCK_G = max(2, next_pow2(g + 1)): a row's positions as lanes. The V-chunk plan over the B * (g + 1) "
+        "rows is runtime ints (tiles, num_splits, row count) and BLOCK_S is sized for V's largest split count",
+        g_bucket=lambda g: max(2, np2(g + 1))),
+    "block_verify_logits._softmax_stats_kernel": Allowance(
+        "nothing: g and the target row count B * (g + 1) are runtime; the statistics plan is V's"),
     "tree_verify._tree_greedy_kernel": Allowance(
         "BLOCK_N = next_pow2(N): the tree's nodes as lanes. tree_greedy_verify picks this kernel or the "
         "split one from B * N (SPLIT_ROWS_PER_LEVEL): each is compiled once, whichever B uses it",
@@ -81,6 +87,8 @@ ALLOWANCES = {
         "BLOCK_N = next_pow2(N), as _tree_greedy_kernel", g_bucket=np2),
     "tree_verify._tree_rejection_kernel": Allowance(
         "BLOCK_N = next_pow2(N): the tree's nodes as lanes", g_bucket=np2),
+    "tree_verify._tree_rejection_wr_kernel": Allowance(
+        "BLOCK_N = next_pow2(N): the tree's nodes as lanes (siblings='without_replacement')", g_bucket=np2),
     "tree_attention._split_kernel": Allowance(
         "g: BLOCK_T = max(16, next_pow2(N)) tail tile, DOUBLINGS = log2(BLOCK_T) ancestor squarings, "
         "BLOCK_M (N * group rows, pow2, capped) and the num_warps / num_stages it sets. "

@@ -20,7 +20,7 @@ import triton.language as tl  # noqa: F401  (a jit'd function must see triton.la
 
 from specdec_kernels import ops, reference
 from specdec_kernels.common import workspace as _workspace
-from specdec_kernels.triton import logit_verify, rejection_sample, rejection_sample_logits, tree_verify
+from specdec_kernels.triton import block_verify, logit_verify, rejection_sample, rejection_sample_logits, tree_verify
 
 pytestmark = [
     # NaN/inf rows are intended (they follow the reference); the interpreter's numpy warns
@@ -28,10 +28,11 @@ pytestmark = [
 ]
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-SPLIT_MODULES = (logit_verify, rejection_sample, rejection_sample_logits, tree_verify)
+SPLIT_MODULES = (logit_verify, rejection_sample, rejection_sample_logits, tree_verify, block_verify)
 OPS = ("greedy_verify", "relaxed_verify", "bild_verify", "max_prob", "rejection_sample", "rejection_sample_logits",
-       "tree_greedy_verify")
-EXACT = {"greedy_verify", "relaxed_verify", "rejection_sample", "tree_greedy_verify", "tree_rejection_sample"}
+       "tree_greedy_verify", "block_verify")
+EXACT = {"greedy_verify", "relaxed_verify", "rejection_sample", "tree_greedy_verify", "tree_rejection_sample",
+         "block_verify"}
 BATCH, G, VOCAB = 3, 3, 200
 PARENTS = [[-1, 0, 0, 1], [-1, 0, 1, 2], [-1, 0, -1, 0]]  # a branch, a chain, an unused slot
 
@@ -49,7 +50,7 @@ def make_case(op: str, seed: int = 0, batch: int = BATCH, vocab: int = VOCAB) ->
     counts = torch.tensor([3, 1, 2] * batch)[:batch]
     if op == "max_prob":
         inputs = dict(logits=logits)
-    elif op == "rejection_sample":
+    elif op in ("rejection_sample", "block_verify"):
         p = torch.softmax(logits.nan_to_num(0.0, 50.0), -1)
         q = torch.softmax(logits[:, :G].nan_to_num(0.0, 50.0) + torch.randn(batch, G, vocab, generator=gen), -1)
         q[0, 1] = p[0, 1]  # p == q: an empty residual falls back to p
@@ -86,6 +87,8 @@ def forced_split_call(op: str, inputs: dict):
         return rejection_sample._launch(**inputs, block_v=16, min_tiles=1)
     if op == "rejection_sample_logits":
         return rejection_sample_logits._launch(**inputs, block_v=16, tiles_per_program=1)
+    if op == "block_verify":  # a program per (row, position, split): 3 splits of 5 tiles keep the interpreter quick
+        return block_verify._launch(**inputs, block_v=16, min_tiles=4)
     if op == "tree_greedy_verify":
         return tree_verify._launch_greedy(**inputs, split=True, block_v=16, tiles_per_program=1)
     if op == "tree_rejection_sample":  # one program per row: nothing to force

@@ -142,6 +142,27 @@ def sampling_cases(op, ops):
                 p, q, drafts, seed=seeds, offsets=offsets, num_draft_tokens=counts, backend="triton", **extra)
 
 
+def block_cases(op, ops):
+    """block_verify (probs) and block_verify_logits, in the configurations of sampling_cases."""
+    for batch in B_VALUES:
+        for g in G_VALUES:
+            drafts = torch.zeros(batch, g, dtype=torch.int64)
+            counts = torch.arange(batch) % (g + 1)
+            seeds, offsets = torch.arange(batch), torch.full((batch,), 7)
+            uniforms = torch.full((batch, g + 1), 0.5)
+            if op == "block_verify":
+                p, q = empty(batch, g + 1, VOCAB, dtype=torch.float32), empty(batch, g, VOCAB, dtype=torch.float32)
+                call, extra, row_extra = ops.block_verify, {}, {}
+            else:
+                p, q = empty(batch, g + 1, VOCAB), empty(batch, g, VOCAB)
+                call, extra = ops.block_verify_logits, dict(temperature=0.7)
+                row_extra = dict(temperature=torch.full((batch,), 0.8))
+            yield "seed", batch, g, lambda: call(p, q, drafts, seed=3, backend="triton", **extra)
+            yield "uniforms", batch, g, lambda: call(p, q, drafts, uniforms=uniforms, backend="triton", **extra)
+            yield "row-seeds-offsets-ragged", batch, g, lambda: call(
+                p, q, drafts, seed=seeds, offsets=offsets, num_draft_tokens=counts, backend="triton", **row_extra)
+
+
 def tree_parents(batch, n, shape):
     nodes = torch.arange(n)
     parents = (nodes - 1) // 2 if shape == "binary" else nodes - 1  # node 0: -1 either way
@@ -167,6 +188,8 @@ def tree_verify_cases(op, ops):
                 yield "row-seeds-offsets", batch, n, lambda: ops.tree_rejection_sample(
                     p, q, tokens, parents, seed=torch.arange(batch), offsets=torch.zeros(batch, dtype=torch.int64),
                     backend="triton")
+                yield "sampled-siblings", batch, n, lambda: ops.tree_rejection_sample(
+                    p, q, tokens, parents, seed=5, siblings="without_replacement", backend="triton")
 
 
 def tree_attention_cases(op, ops):
@@ -218,7 +241,8 @@ def early_exit_cases(op, ops):
 CASES = {"greedy_verify": chain_cases, "relaxed_verify": chain_cases, "bild_verify": chain_cases,
          "max_prob": chain_cases, "rejection_sample": sampling_cases, "rejection_sample_logits": sampling_cases,
          "tree_greedy_verify": tree_verify_cases, "tree_rejection_sample": tree_verify_cases,
-         "tree_attention": tree_attention_cases, "kv_compact": kv_compact_cases, "early_exit_topk": early_exit_cases}
+         "tree_attention": tree_attention_cases, "kv_compact": kv_compact_cases, "early_exit_topk": early_exit_cases,
+         "block_verify": block_cases, "block_verify_logits": block_cases}
 
 
 def main() -> int:

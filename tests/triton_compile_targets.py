@@ -39,7 +39,7 @@ from triton.runtime.driver import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 SM_COUNTS = {80: 108, 90: 132}  # A100, H100 SXM: the split counts are planned for these
-CASE_NAMES = ("verify", "sampling", "tree_verify", "tree_attention", "kv_compact", "early_exit")
+CASE_NAMES = ("verify", "sampling", "tree_verify", "tree_attention", "kv_compact", "early_exit", "block")
 
 
 class TargetDriver:
@@ -193,6 +193,9 @@ def tree_verify_cases(ops, gen):
     yield "tree_rejection_sample", "int32-strided-seeds", lambda: ops.tree_rejection_sample(
         p, q, tokens32, parents32, seed=torch.arange(batch, dtype=torch.int32),
         offsets=torch.zeros(batch, 2, dtype=torch.int32)[:, 0], backend="triton")
+    yield "tree_rejection_sample", "sampled-siblings", lambda: ops.tree_rejection_sample(
+        p, q, tokens, parents, uniforms=torch.rand(batch, n, generator=gen), siblings="without_replacement",
+        backend="triton")
 
 
 def tree_attention_cases(ops, gen):
@@ -253,8 +256,27 @@ def early_exit_cases(ops, gen):
             backend="triton")
 
 
+def block_cases(ops, gen):
+    """block_verify (probs, both randomness modes, ragged int32 rows) and block_verify_logits (both launches)."""
+    vocab, batch, g = 151936, 2, 4
+    p = torch.softmax(rand(gen, batch, g + 1, vocab), -1)
+    q = torch.softmax(rand(gen, batch, g, vocab), -1)
+    drafts = torch.randint(0, vocab, (batch, g), generator=gen)
+    counts = torch.tensor([4, 1], dtype=torch.int32)
+    uniforms = torch.rand(batch, g + 1, generator=gen)
+    yield "block_verify", "seed", lambda: ops.block_verify(p, q, drafts, seed=3, backend="triton")
+    yield "block_verify", "uniforms-bf16-ragged", lambda: ops.block_verify(
+        p.bfloat16(), q.bfloat16(), drafts, uniforms=uniforms, num_draft_tokens=counts, backend="triton")
+    target = rand(gen, batch, g + 1, vocab, dtype=torch.bfloat16)
+    draft = rand(gen, batch, g, vocab, dtype=torch.bfloat16)
+    yield "block_verify_logits", "bfloat16-row-temperatures", lambda: ops.block_verify_logits(
+        target, draft, drafts, temperature=torch.full((batch,), 0.8), seed=torch.arange(batch),
+        num_draft_tokens=counts, backend="triton")
+
+
 CASES = {"verify": verify_cases, "sampling": sampling_cases, "tree_verify": tree_verify_cases,
-         "tree_attention": tree_attention_cases, "kv_compact": kv_compact_cases, "early_exit": early_exit_cases}
+         "tree_attention": tree_attention_cases, "kv_compact": kv_compact_cases, "early_exit": early_exit_cases,
+         "block": block_cases}
 
 
 def main() -> int:

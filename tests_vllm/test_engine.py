@@ -2,7 +2,8 @@
 
 One engine per configuration, each in its own process (conftest.run_engine): plain vLLM (no
 speculation, plugin off) as the reference, draft-model and n-gram speculation with the plugin,
-probabilistic drafts for the acceptance comparison, and tensor parallelism 2.
+probabilistic drafts for the acceptance comparison, tensor parallelism 2, and draft-model speculation
+with SPECDEC_KERNELS_VLLM_VERIFICATION=block (block verification) against the same engine token-wise.
 
 Proof that our ops verified: the plugin's counters, written by the engine's worker(s), count
 exactly the draft tokens and accepted tokens that vLLM's own spec-decode metrics report, and the
@@ -86,10 +87,30 @@ def plain(tmp_path_factory, model_dirs, prompt_ids):
                        plugin=False)
 
 
+SAMPLED_NEW = 128  # tokens per request of the acceptance run ("sampled")
+
+
+def draft_runs(prompt_ids):
+    """Greedy, the seeded runs, then "sampled": 20 unseeded requests at T=1 (the acceptance run;
+    the last, so its counts are the difference of the last two metric snapshots)."""
+    prompts = prompt_ids * 4
+    return ([("greedy", prompt_ids, [greedy()] * len(prompt_ids))] + seeded_runs(prompt_ids)
+            + [("sampled", prompts, [sampled(None, n=SAMPLED_NEW)] * len(prompts))])
+
+
 @pytest.fixture(scope="module")
 def draft(tmp_path_factory, model_dirs, prompt_ids):
-    runs = [("greedy", prompt_ids, [greedy()] * len(prompt_ids))] + seeded_runs(prompt_ids)
-    return run_engine_(tmp_path_factory, "draft", job(model_dirs, draft_config(model_dirs), runs), plugin=True)
+    """Draft-model speculation, vLLM's default greedy drafting (no draft probabilities: one-hot q)."""
+    return run_engine_(tmp_path_factory, "draft", job(model_dirs, draft_config(model_dirs), draft_runs(prompt_ids)),
+                       plugin=True)
+
+
+@pytest.fixture(scope="module")
+def draft_block(tmp_path_factory, model_dirs, prompt_ids):
+    """The same engine and runs with SPECDEC_KERNELS_VLLM_VERIFICATION=block."""
+    return run_engine_(tmp_path_factory, "draft_block",
+                       job(model_dirs, draft_config(model_dirs), draft_runs(prompt_ids)), plugin=True,
+                       extra_env={"SPECDEC_KERNELS_VLLM_VERIFICATION": "block"})
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +162,7 @@ def test_acceptance_matches_our_own_engine(tmp_path_factory, model_dirs, prompt_
                          job(model_dirs, spec, [("sampled", prompts, [sampled(None, n=new)] * len(prompts))]),
                          plugin=True)
     check_verified_by_us(engine)
+    assert engine.ours("block_rows") == 0 and "verification=token" in engine.log
     assert engine.ours("calls_with_drafts") > 0 and engine.ours("one_hot_calls") == 0, "no draft probabilities"
     vllm_rate = engine.metrics["vllm:spec_decode_num_accepted_tokens"] / engine.metrics["vllm:spec_decode_num_draft_tokens"]
     target, draft_model = hf_models
@@ -155,6 +177,58 @@ def test_acceptance_matches_our_own_engine(tmp_path_factory, model_dirs, prompt_
           f"({engine.metrics['vllm:spec_decode_num_draft_tokens']} drafts), our engine {ours_rate:.3f}")
     assert 0.2 < ours_rate < 0.95
     assert abs(vllm_rate - ours_rate) < 0.1, f"vLLM {vllm_rate:.3f} vs our engine {ours_rate:.3f}"
+
+
+def acceptance(engine, run: str, previous: str) -> dict:
+    """Accepted drafts per verification step in `run` from vLLM's spec-decode counters (the
+    difference of its snapshot and the one after `previous`), with a standard error from the
+    distribution of accepted lengths (count k of the per-position counters = the steps that
+    accepted more than k drafts), treating steps as independent."""
+    after, before = engine.snapshots[run], engine.snapshots[previous]
+    counts = {name: (list(map(lambda a, b: a - b, value, before[name])) if isinstance(value, list)
+                     else value - before[name]) for name, value in after.items()}
+    steps = counts["vllm:spec_decode_num_drafts"]
+    drafted, accepted = counts["vllm:spec_decode_num_draft_tokens"], counts["vllm:spec_decode_num_accepted_tokens"]
+    mean = accepted / steps
+    second_moment = sum((2 * k + 1) * n for k, n in enumerate(counts["vllm:spec_decode_num_accepted_tokens_per_pos"]))
+    return {"steps": steps, "draft_tokens": drafted, "accepted_tokens": accepted, "accepted_per_step": mean,
+            "acceptance_rate": accepted / drafted,
+            "standard_error": ((second_moment / steps - mean ** 2) / steps) ** 0.5}
+
+
+def test_block_verification_in_the_engine(draft_block, draft, plain, tmp_path_factory):
+    """SPECDEC_KERNELS_VLLM_VERIFICATION=block in the CPU engine (draft model, greedy drafting:
+    one-hot q): every random row went through block verification, greedy requests are plain
+    vLLM's tokens, seeded requests replay (also in another batch) with ids in range, and on the
+    same pair, prompts and settings it accepts no less than token-wise: block's expected
+    acceptance per step is >= token-wise's, so the measured difference must not sit 4 standard
+    errors below 0 (a one-sided check that must hold; a gain of a few percent is within one run's
+    noise here). The numbers are printed and written to acceptance_token_vs_block.json."""
+    import json
+    engine = draft_block
+    assert "verification=block" in engine.log and "greedy_verify, block_verify" in engine.log
+    check_verified_by_us(engine)
+    assert engine.ours("random_rows") > 0 and engine.ours("block_rows") == engine.ours("random_rows")
+    assert draft.ours("block_rows") == 0 and "verification=token" in draft.log
+    assert engine.runs["greedy"] == plain.runs["greedy"]
+    check_seeded(engine)
+    for tokens in engine.runs["sampled"]:
+        assert len(tokens) == SAMPLED_NEW and all(0 <= t < 4096 for t in tokens)
+    token, block = acceptance(draft, "sampled", "seeded_mixed"), acceptance(engine, "sampled", "seeded_mixed")
+    difference = block["accepted_per_step"] - token["accepted_per_step"]
+    error = (token["standard_error"] ** 2 + block["standard_error"] ** 2) ** 0.5
+    report = {"model_pair": "embedded default (6-layer target, 1-layer draft, V=4096)", "num_speculative_tokens": G,
+              "draft_sample_method": "greedy (one-hot q)", "temperature": 1.0,
+              "requests": len(engine.runs["sampled"]), "max_tokens": SAMPLED_NEW, "token": token, "block": block,
+              "difference_per_step": difference, "standard_error_of_difference": error}
+    path = tmp_path_factory.mktemp("acceptance") / "acceptance_token_vs_block.json"
+    path.write_text(json.dumps(report, indent=1))
+    print(f"vLLM CPU engine, draft model (greedy drafting), T=1, G={G}: accepted drafts per step token "
+          f"{token['accepted_per_step']:.3f} +- {token['standard_error']:.3f} (rate {token['acceptance_rate']:.3f}, "
+          f"{token['steps']} steps), block {block['accepted_per_step']:.3f} +- {block['standard_error']:.3f} (rate "
+          f"{block['acceptance_rate']:.3f}, {block['steps']} steps), difference {difference:+.3f} +- {error:.3f}; "
+          f"{path}")
+    assert difference > -4 * error, report
 
 
 def test_tensor_parallel_2_greedy(tmp_path_factory, model_dirs, prompt_ids, plain):

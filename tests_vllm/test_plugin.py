@@ -139,3 +139,21 @@ def test_a_platform_that_may_run_model_runner_v2_gets_a_warning(fresh, monkeypat
     plugin_log.clear()
     assert plugin.register() is True
     assert not [r for r in plugin_log if r.levelno == logging.WARNING]
+
+
+def test_the_verification_switch(fresh, monkeypatch, plugin_log):
+    """SPECDEC_KERNELS_VLLM_VERIFICATION: "block" is named in the INFO line; a value the plugin
+    does not know raises a one-line ValueError at registration and leaves vLLM's module as it was
+    (vLLM does not start with a setting it would silently ignore)."""
+    module, plugin = fresh
+    original = module.rejection_sample
+    monkeypatch.setenv("SPECDEC_KERNELS_VLLM", "1")
+    monkeypatch.setenv("SPECDEC_KERNELS_VLLM_VERIFICATION", "blok")
+    with pytest.raises(ValueError) as error:
+        plugin.register()
+    assert "SPECDEC_KERNELS_VLLM_VERIFICATION='blok'" in str(error.value) and "token, block" in str(error.value)
+    assert module.rejection_sample is original and not hasattr(module, plugin._PATCHED)
+    monkeypatch.setenv("SPECDEC_KERNELS_VLLM_VERIFICATION", "block")
+    assert plugin.register() is True
+    infos = [r.getMessage() for r in plugin_log if r.levelno == logging.INFO]
+    assert len(infos) == 1 and "greedy_verify, block_verify" in infos[0] and "verification=block" in infos[0]

@@ -3,6 +3,7 @@ registers them with `common.registry`. Registration needs no GPU: `ops._backend.
 only picks a `cuda` backend when `_C` loads and the tensors are on a CUDA device.
 """
 
+from . import block_verify  # noqa: F401
 from . import early_exit_topk  # noqa: F401
 from . import greedy_verify  # noqa: F401
 from . import kv_compact  # noqa: F401

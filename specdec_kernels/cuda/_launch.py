@@ -15,6 +15,12 @@ from ..reference._sampling import as_int64  # noqa: F401  (re-exported for the l
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
+def chain_launch(target: torch.Tensor, draft_tokens: torch.Tensor) -> tuple:
+    """(batch, g, vocab, device, out_tokens, num_accepted) of a chain launch; the outputs are
+    already the answer for batch == 0. (Mirrors triton/_launch.py; the layers may not import each other.)"""
+    return (*draft_tokens.shape, target.shape[-1], draft_tokens.device, *chain_outputs(draft_tokens))
+
+
 def library():
     """The loaded `_C` module (resolve() has already checked that it loads)."""
     return _cuda_module.load()

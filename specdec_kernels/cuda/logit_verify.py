@@ -8,7 +8,7 @@ import torch
 
 from ..common.registry import register
 from ..common.workspace import zeroed_workspace
-from ._launch import DTYPE_CODES, as_int64, chain_outputs, library, on_device, plan_limits, pointer, stream_handle
+from ._launch import DTYPE_CODES, as_int64, chain_launch, library, on_device, plan_limits, pointer, stream_handle
 
 
 def _float32(value: float) -> float:
@@ -28,10 +28,7 @@ def _float32(value: float) -> float:
 def _launch_chain(launch, target_logits, draft_tokens, num_draft_tokens, *rule_args):
     draft_tokens, num_draft_tokens = as_int64(draft_tokens), as_int64(num_draft_tokens)  # the kernel reads int64
     lib = library()
-    batch, g = draft_tokens.shape
-    vocab = target_logits.shape[-1]
-    device = draft_tokens.device
-    out_tokens, num_accepted = chain_outputs(draft_tokens)
+    batch, g, vocab, device, out_tokens, num_accepted = chain_launch(target_logits, draft_tokens)
     if batch == 0:
         return out_tokens, num_accepted
     draft_tokens = draft_tokens.contiguous()

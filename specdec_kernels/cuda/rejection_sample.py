@@ -11,7 +11,7 @@ import torch
 
 from ..common.registry import register
 from ..common.workspace import zeroed_workspace
-from ._launch import DTYPE_CODES, as_int64, chain_outputs, library, on_device, plan_limits, pointer, stream_handle
+from ._launch import DTYPE_CODES, as_int64, chain_launch, library, on_device, plan_limits, pointer, stream_handle
 
 
 def _contiguous(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -33,10 +33,7 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, *, uniforms=None, 
     # the kernel reads int64 ids, counts and offsets (randomness_args converts the seeds)
     draft_tokens, num_draft_tokens, offsets = map(as_int64, (draft_tokens, num_draft_tokens, offsets))
     lib = library()
-    batch, g = draft_tokens.shape
-    vocab = target_probs.shape[-1]
-    device = draft_tokens.device
-    out_tokens, num_accepted = chain_outputs(draft_tokens)
+    batch, g, vocab, device, out_tokens, num_accepted = chain_launch(target_probs, draft_tokens)
     if batch == 0:
         return out_tokens, num_accepted
     draft_tokens = draft_tokens.contiguous()
@@ -68,10 +65,7 @@ def rejection_sample_logits(target_logits, draft_logits, draft_tokens, *, temper
     # the kernel reads int64 ids, counts and offsets (randomness_args converts the seeds)
     draft_tokens, num_draft_tokens, offsets = map(as_int64, (draft_tokens, num_draft_tokens, offsets))
     lib = library()
-    batch, g = draft_tokens.shape
-    vocab = target_logits.shape[-1]
-    device = draft_tokens.device
-    out_tokens, num_accepted = chain_outputs(draft_tokens)
+    batch, g, vocab, device, out_tokens, num_accepted = chain_launch(target_logits, draft_tokens)
     if batch == 0:
         return out_tokens, num_accepted
     draft_tokens = draft_tokens.contiguous()

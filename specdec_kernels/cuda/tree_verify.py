@@ -26,7 +26,7 @@ def tree_greedy_verify(target_logits, tree_tokens, parents, *, max_depth: int):
 
 
 def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None,
-                          seed=None, offsets=None):
+                          seed=None, offsets=None, siblings: str = "independent"):
     # the kernel reads int64 (any strides) tokens, parents, seeds and offsets
     tree_tokens, parents, offsets = as_int64(tree_tokens), as_int64(parents), as_int64(offsets)
     seed = as_int64(seed) if isinstance(seed, torch.Tensor) else seed
@@ -51,7 +51,8 @@ def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, ma
             seed_int, pointer(seeds), 0 if seeds is None else seeds.stride(0),
             pointer(offsets), 0 if offsets is None else offsets.stride(0),
             out_tokens.data_ptr(), num_accepted.data_ptr(), accepted_nodes.data_ptr(), workspace.data_ptr(),
-            batch, n, vocab, max_depth, DTYPE_CODES[target_probs.dtype], stream_handle(device))
+            batch, n, vocab, max_depth, DTYPE_CODES[target_probs.dtype], stream_handle(device),
+            siblings == "without_replacement")
     return out_tokens, num_accepted, accepted_nodes
 
 

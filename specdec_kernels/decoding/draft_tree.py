@@ -16,6 +16,22 @@ The cumulative score uses the distribution the draft would sample from (the stan
 sampling, the softmax of its logits when greedy); which tokens form the tree never affects
 exactness, only how many are accepted.
 
+Sibling modes (`grow_tree(..., siblings=...)`):
+  "top" (default): the K most probable children of a node, deterministic; verified as one-hot
+      drafts (ops.tree_rejection_sample's default rule).
+  "sampled": a node's K children are K draws from its q WITHOUT replacement (sequential
+      inverse-CDF draws in the ops' fixed point, each draw's id taken out of the weights: the same
+      distribution as Gumbel-top-k, from K uniforms instead of V Gumbels), in draw order; the tree
+      then carries q per node (`Tree.draft_probs`) for ops.tree_rejection_sample(...,
+      siblings="without_replacement"). Exactness needs each node's children to be a prefix of its
+      draws whose presence never depends on their own value, so a sampled child is scored without
+      looking at its token: child j of v scores score(v) + log(sum of q_v^2 off the j - 1 earlier
+      draws) (the chance that v's next draw meets a token drawn from q_v), non-increasing in j
+      and never above its parent; candidates are ranked by (score, candidate order) with a stable
+      sort (beams too), so whether x_j is kept depends only on nodes ranked above it, none of which
+      depend on x_j. If q_v has fewer than j ids left, child j repeats the first draw and scores
+      -inf (the op skips a sibling q_j cannot draw).
+
 The draft forwards' node list [root, beam_1, ..., beam_{DEPTH-1}] only grows, so node i of the
 last forward sits at the draft cache's seq_lens + i: after the target's verdict, `draft_keep`
 names the accepted path's nodes there for kv_compact. Every non-leaf tree node is a beam node,
@@ -29,8 +45,13 @@ import torch
 from torch import Tensor
 
 from ..ops import _validate as check
+from ..reference import rng
+from ..reference._sampling import sample_weights, to_weights
 from .engine import OP
 from .standardize import Sampling, standardize
+
+SIBLINGS = ("top", "sampled")
+SALT_TREE_DRAFT = 3  # Philox purpose of a sampled tree child (standardize.SALT_DRAFT = 2: chain drafts)
 
 
 @dataclass(frozen=True)
@@ -83,20 +104,101 @@ class Tree:
     tokens: Tensor
     parents: Tensor
     draft_node: Tensor
+    # siblings="sampled": [B, N + 1, V] float32, row v the q node v's children were drawn from
+    # (zeros for leaves): ops.tree_rejection_sample's draft_probs with siblings="without_replacement"
+    draft_probs: Tensor | None = None
 
 
-def grow_tree(shape: TreeShape, root: Tensor, root_logprobs: Tensor, forward, log_probs) -> Tree:
+def sample_children(q: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+    """K children per row of q [..., V] (float32 probabilities), drawn without replacement.
+
+    uniforms [..., K] float64 in [0, 1): draw j takes u_j through the inverse CDF of the ops'
+    fixed-point weights (to_weights(q)) with the j earlier draws zeroed, i.e. exactly from q_j,
+    the q the op's without-replacement rule divides by. Returns (tokens [..., K] int64, score
+    increments [..., K] float32: log(sum of q^2 off the earlier draws), clamped to <= 0 and
+    non-increasing in j; -inf, with the first draw's id as token, where q has no id left).
+    """
+    weights = to_weights(q)
+    q64 = q.double()
+    mass2 = (q64 * q64).sum(dim=-1)  # sum_v q(v)^2, less each draw's q^2 as it is taken out
+    tokens, increments = [], []
+    for j in range(uniforms.shape[-1]):
+        token, valid = sample_weights(weights, uniforms[..., j])
+        token = torch.where(valid, token, tokens[0] if tokens else token)
+        value = torch.where(valid, mass2.clamp(min=0.0), 0.0)  # depends on the earlier draws only
+        increments.append(torch.log(value).clamp(max=0.0))
+        tokens.append(token)
+        taken = valid.unsqueeze(-1) & (torch.arange(q.shape[-1], device=q.device) == token.unsqueeze(-1))
+        weights = weights.masked_fill(taken, 0)
+        q_x = q64.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+        mass2 = torch.where(valid, mass2 - q_x * q_x, mass2)
+    increments = torch.cummin(torch.stack(increments, dim=-1), dim=-1).values  # guard rounding
+    return torch.stack(tokens, dim=-1), increments.float()
+
+
+class _SiblingDraws:
+    """Uniforms for sampled children: Philox(seeds[b], positions[b] + level - 1, 0, SALT_TREE_DRAFT,
+    slot * K + j) (per-request seeds, batch-order free, graph-safe, like standardize.draw), or
+    torch.rand with `generator` when no seeds are given."""
+
+    def __init__(self, k: int, seeds, positions, generator):
+        self.k, self.seeds, self.positions, self.generator = k, seeds, positions, generator
+
+    def __call__(self, batch: int, slots: int, level: int, device) -> Tensor:
+        if self.seeds is None:
+            return torch.rand(batch, slots, self.k, generator=self.generator, dtype=torch.float64,
+                              device=device if self.generator is None else self.generator.device).to(device)
+        seeds = torch.as_tensor(self.seeds, device=device).to(torch.int64).expand(batch)
+        positions = torch.as_tensor(self.positions, device=device).to(torch.int64).expand(batch)
+        extra = torch.arange(slots * self.k, device=device).view(1, slots, self.k)
+        return rng.philox_uniform(seeds.view(batch, 1, 1), (positions + level - 1).view(batch, 1, 1),
+                                  torch.zeros_like(extra), SALT_TREE_DRAFT, extra)
+
+
+def grow_tree(shape: TreeShape, root: Tensor, root_logprobs: Tensor, forward, log_probs, *, siblings: str = "top",
+              seeds=None, positions=None, generator: torch.Generator | None = None) -> Tree:
     """Draft the tree level by level.
 
     Args:
         root: [B] int64, the root tokens; root_logprobs: [B, V] the draft's log q after the root.
         forward: (tokens [B, M], parents [B, M]) -> draft logits [B, M, V] of a tree forward.
         log_probs: logits -> log-probabilities (draft_log_probs with the call's sampling).
+        siblings: "top" (the K most probable children) or "sampled" (K draws without replacement
+            from q = exp(log_probs), which the Tree returns as draft_probs; sampling only).
+        seeds: int or int64 [B] per-request Philox keys and positions: int64 [B] (the absolute
+            position of the root's successor, engine.offsets) for "sampled"; without seeds the
+            draws come from torch.rand with `generator`.
     """
+    if siblings not in SIBLINGS:
+        check.fail(OP, f"`siblings` must be one of {SIBLINGS} (got {siblings!r})")
+    if siblings == "sampled":
+        if seeds is not None and positions is None:
+            check.fail(OP, "`positions` is needed with `seeds` for sampled siblings")
+        return _grow(shape, root, root_logprobs, forward, log_probs,
+                     _SiblingDraws(shape.topk, seeds, positions, generator))
+    return _grow(shape, root, root_logprobs, forward, log_probs, None)
+
+
+def _beam(scores: Tensor, k: int, sampled: bool) -> tuple[Tensor, Tensor]:
+    """The k best (scores, indices); sampled: ties to the earlier candidate (a stable order)."""
+    if not sampled:
+        return torch.topk(scores, k, dim=-1)
+    pick = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
+    return scores.gather(-1, pick), pick
+
+
+def _grow(shape: TreeShape, root: Tensor, root_logprobs: Tensor, forward, log_probs, draws) -> Tree:
     k = shape.topk
     batch = root.shape[0]
     device = root.device
-    scores, tokens = torch.topk(root_logprobs, k, dim=-1)  # [B, K], best first
+    sampled = draws is not None
+    node_q = []  # sampled: q after each draft-forward node (root, beams), in node order
+    if sampled:
+        node_q.append(torch.exp(root_logprobs.float()).unsqueeze(1))  # THE q the op is given
+        tokens, scores = sample_children(node_q[0], draws(batch, 1, 1, device))
+        tokens, scores = tokens[:, 0], scores[:, 0]
+    else:
+        scores, tokens = torch.topk(root_logprobs, k, dim=-1)  # [B, K], best first
     cand_tokens, cand_scores = [tokens], [scores]
     cand_parent = [torch.full((batch, k), -1, dtype=torch.int64, device=device)]  # -1: the root
     beam_cand = torch.arange(k, device=device).expand(batch, k)  # candidate index of each beam node
@@ -109,14 +211,18 @@ def grow_tree(shape: TreeShape, root: Tensor, root_logprobs: Tensor, forward, lo
     for level in range(2, shape.depth + 1):
         logits = forward(torch.cat(node_tokens, dim=1), torch.cat(node_parents, dim=1))
         first_beam_node = 1 + (level - 2) * k
-        top_scores, top_tokens = torch.topk(log_probs(logits[:, first_beam_node:]), k, dim=-1)  # [B, K, K]
+        if sampled:
+            node_q.append(torch.exp(log_probs(logits[:, first_beam_node:]).float()))  # [B, K, V]
+            top_tokens, top_scores = sample_children(node_q[-1], draws(batch, k, level, device))
+        else:
+            top_scores, top_tokens = torch.topk(log_probs(logits[:, first_beam_node:]), k, dim=-1)  # [B, K, K]
         scores = (beam_scores.unsqueeze(2) + top_scores).flatten(1)  # [B, K*K]
         tokens = top_tokens.flatten(1)
         cand_tokens.append(tokens)
         cand_scores.append(scores)
         cand_parent.append(beam_cand.unsqueeze(2).expand(batch, k, k).flatten(1))
         if level < shape.depth:  # the next beam, fed to the next forward
-            beam_scores, pick = torch.topk(scores, k, dim=-1)
+            beam_scores, pick = _beam(scores, k, sampled)
             beam_tokens = tokens.gather(1, pick)
             beam_cand = base + pick
             node_tokens.append(beam_tokens)
@@ -127,8 +233,13 @@ def grow_tree(shape: TreeShape, root: Tensor, root_logprobs: Tensor, forward, lo
         else:
             cand_node.append(torch.full((batch, k * k), -1, dtype=torch.int64, device=device))
         base += k * k
-    return select_nodes(shape, torch.cat(cand_tokens, 1), torch.cat(cand_scores, 1), torch.cat(cand_parent, 1),
+    tree = select_nodes(shape, torch.cat(cand_tokens, 1), torch.cat(cand_scores, 1), torch.cat(cand_parent, 1),
                         torch.cat(cand_node, 1))
+    if sampled:  # each tree node's q (its draft-forward node's; leaves have none: zeros)
+        q = torch.cat(node_q, dim=1)  # [B, 1 + (DEPTH - 1) K, V], indexed by draft node
+        rows = q.gather(1, tree.draft_node.clamp(min=0).unsqueeze(2).expand(-1, -1, q.shape[2]))
+        tree.draft_probs = torch.where((tree.draft_node >= 0).unsqueeze(2), rows, 0.0)
+    return tree
 
 
 def select_nodes(shape: TreeShape, tokens: Tensor, scores: Tensor, parent: Tensor, draft_node: Tensor) -> Tree:

@@ -13,9 +13,20 @@ Options:
       (draft_tree.py). Each of the num_draft_tokens levels expands the K most probable children of
       the K best nodes so far; the N nodes of highest cumulative draft probability form each row's
       tree, verified by the target in one forward (ops.tree_greedy_verify, or
-      ops.tree_rejection_sample with the top-K siblings as one-hot drafts: lossless in both
-      modes); both caches keep the accepted path (kv_compact). K = 1, N = num_draft_tokens is
+      ops.tree_rejection_sample: lossless in both modes); both caches keep the accepted path
+      (kv_compact). K = 1, N = num_draft_tokens is
       the chain above. Trees need schedule="constant" and lenience=1.
+  tree_siblings: how a sampling tree picks a node's K children: "sampled" (the default: K draws from
+      the draft's q without replacement, verified by recursive rejection sampling without
+      replacement, ops.tree_rejection_sample(..., siblings="without_replacement"), Jeon et al.
+      2024) or "top" (the K most probable, verified as one-hot drafts). Both lossless; greedy
+      always takes the top K.
+  verification: how sampled chain drafts are verified (greedy is exact match either way): "block"
+      (the default; Sun et al. 2025, ops.block_verify: the longest draft prefix whose joint test
+      passes is kept, so a later draft can rescue an earlier one; the same target law, never fewer
+      accepted tokens in expectation) or "token" (Leviathan's Algorithm 1, ops.rejection_sample,
+      draft by draft; the default when lenience < 1). Block reads every draft position's rows
+      over V, token-wise one. Chains only.
   lenience: l in (0, 1], Appendix A.5 of the paper, LOSSY for l < 1. Sampling: q is scaled by l
       before the comparison (accept with min(1, p / (l q))), and the residual is
       norm(max(0, p - l q)); no token is emitted with probability above p(x) / l. Greedy: the
@@ -39,6 +50,10 @@ from .draft_model import TwoModelStrategy
 from .engine import OP, Engine, Proposal, weight_addresses
 from .standardize import standardize
 
+VERIFICATIONS = ("block", "token")
+DEFAULT_VERIFICATION = "block"  # why: README "Verification rules"; bench/results/verification_rules_cpu.md
+DEFAULT_TREE_SIBLINGS = "sampled"  # likewise
+
 
 class SpeculativeDecoder(TwoModelStrategy):
     """`SpeculativeDecoder(target, draft, num_draft_tokens=5).generate(input_ids, ...)`, or
@@ -48,7 +63,7 @@ class SpeculativeDecoder(TwoModelStrategy):
 
     def __init__(self, target=None, draft_model=None, *, num_draft_tokens: int = 5, schedule: str = "constant",
                  max_draft_tokens: int | None = None, lenience: float = 1.0, tree_topk: int = 1,
-                 tree_nodes: int | None = None):
+                 tree_nodes: int | None = None, verification: str | None = None, tree_siblings: str | None = None):
         super().__init__(target, draft_model)
         self.g = self.initial_g = check.positive_int(OP, "num_draft_tokens", num_draft_tokens)
         if schedule not in ("constant", "heuristic"):
@@ -61,9 +76,24 @@ class SpeculativeDecoder(TwoModelStrategy):
         if not 0 < self.lenience <= 1:
             check.fail(OP, f"`lenience` must be in (0, 1] (1 = exact; got {lenience})")
         self.tree = draft_tree.tree_shape(self.g, tree_topk, tree_nodes)
+        if verification is not None and not self.tree.chain:
+            check.fail(OP, "`verification` applies to chains (a token tree verifies node by node: see tree_siblings)")
+        if verification is None:  # lenience < 1 is defined for the token-wise rule only
+            verification = "token" if self.lenience != 1 else DEFAULT_VERIFICATION
+        if verification not in VERIFICATIONS:
+            check.fail(OP, f"`verification` must be one of {', '.join(map(repr, VERIFICATIONS))} (got {verification!r})")
+        self.verification = verification
+        if verification == "block" and self.lenience != 1:
+            check.fail(OP, f"`lenience` < 1 needs verification='token' (block verification is exact; got {lenience})")
         if not self.tree.chain and schedule != "constant":
             check.fail(OP, "`schedule` must be 'constant' with a token tree (tree_topk > 1 or tree_nodes != "
                            f"num_draft_tokens; got {schedule!r})")
+        if tree_siblings is not None and tree_siblings not in draft_tree.SIBLINGS:
+            check.fail(OP, f"`tree_siblings` must be one of {', '.join(map(repr, draft_tree.SIBLINGS))} "
+                           f"(got {tree_siblings!r})")
+        if tree_siblings is not None and self.tree.chain:
+            check.fail(OP, "`tree_siblings` applies to token trees (tree_topk > 1 or tree_nodes != num_draft_tokens)")
+        self.tree_siblings = tree_siblings or DEFAULT_TREE_SIBLINGS
         if not self.tree.chain and self.lenience != 1:
             check.fail(OP, f"`lenience` must be 1 with a token tree (tree verification is exact; got {lenience})")
 
@@ -80,7 +110,7 @@ class SpeculativeDecoder(TwoModelStrategy):
 
     def graph_key(self):
         return (self.name, id(self.draft_model), weight_addresses(self.draft_model), self.initial_g, self.schedule,
-                self.g_max, self.lenience, self.tree.topk, self.tree.nodes)
+                self.g_max, self.lenience, self.tree.topk, self.tree.nodes, self.verification, self.tree_siblings)
 
     def max_draft_tokens(self) -> int:
         # a tree step writes N + 1 target and up to 1 + (DEPTH - 1) * K draft entries past the committed ones
@@ -110,6 +140,9 @@ class SpeculativeDecoder(TwoModelStrategy):
                                           backend=engine.backend)
             return ops.greedy_verify(logits, proposal.tokens, backend=engine.backend)
         target_probs = standardize(logits, engine.sampling)
+        if self.verification == "block":
+            return ops.block_verify(target_probs, proposal.probs, proposal.tokens, seed=engine.seeds,
+                                    offsets=engine.offsets, backend=engine.backend)
         draft_probs = proposal.probs if self.lenience == 1 else proposal.probs * self.lenience
         return ops.rejection_sample(target_probs, draft_probs, proposal.tokens, seed=engine.seeds,
                                     offsets=engine.offsets, backend=engine.backend)
@@ -126,9 +159,13 @@ class SpeculativeDecoder(TwoModelStrategy):
         draft, sampling = self.draft, engine.sampling
         root_logprobs = draft_tree.draft_log_probs(draft.root_logits(draft.begin(engine, first)), sampling)
         tree = draft_tree.grow_tree(self.tree, engine.root, root_logprobs, draft.tree_logits,
-                                    lambda logits: draft_tree.draft_log_probs(logits, sampling))
-        return Proposal(tree.tokens, num_draft=torch.full_like(engine.root, self.tree.depth),
+                                    lambda logits: draft_tree.draft_log_probs(logits, sampling),
+                                    siblings=self.siblings(engine), seeds=engine.seeds, positions=engine.offsets)
+        return Proposal(tree.tokens, tree.draft_probs, num_draft=torch.full_like(engine.root, self.tree.depth),
                         extra=torch.stack([tree.parents, tree.draft_node], dim=1))
+
+    def siblings(self, engine: Engine) -> str:
+        return "sampled" if self.tree_siblings == "sampled" and engine.sampling.do_sample else "top"
 
     def tree_parents(self, engine: Engine, proposal: Proposal) -> Tensor | None:
         return None if self.tree.chain else proposal.extra[:, 0]
@@ -136,7 +173,8 @@ class SpeculativeDecoder(TwoModelStrategy):
     def accept_tree(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
         """Greedy: the longest path matching the target's argmax. Sampling: the top-K siblings are
         deterministic, so each is verified as a one-hot draft (the op's residual update after each
-        rejected sibling keeps the output exactly the target's distribution)."""
+        rejected sibling keeps the output exactly the target's distribution); sampled siblings are
+        verified against the q they were drawn from, less the siblings already rejected."""
         tokens = torch.cat([engine.root.unsqueeze(1), proposal.tokens], dim=1)
         parents = proposal.extra[:, 0]
         if not engine.sampling.do_sample:
@@ -144,6 +182,11 @@ class SpeculativeDecoder(TwoModelStrategy):
                 logits, tokens, parents, max_depth=self.tree.depth, backend=engine.backend)
             return out, num_accepted
         target_probs = standardize(logits, engine.sampling)
+        if self.siblings(engine) == "sampled":
+            out, num_accepted, self.accepted_nodes = ops.tree_rejection_sample(
+                target_probs, proposal.probs, tokens, parents, seed=engine.seeds, offsets=engine.offsets,
+                max_depth=self.tree.depth, siblings="without_replacement", backend=engine.backend)
+            return out, num_accepted
         one_hot = torch.nn.functional.one_hot(tokens, target_probs.shape[-1]).to(target_probs.dtype)
         out, num_accepted, self.accepted_nodes = ops.tree_rejection_sample(
             target_probs, one_hot, tokens, parents, seed=engine.seeds, offsets=engine.offsets,

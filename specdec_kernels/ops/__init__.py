@@ -10,6 +10,7 @@ from .. import cuda as _cuda_backends  # noqa: F401  (registers the CUDA backend
 from .. import triton as _triton_backends  # noqa: F401  (registers the Triton backends)
 from ..common.registry import BACKENDS, implemented_backends, registered_ops, resolve
 from .attention import tree_attention
+from .block_verification import block_verify, block_verify_logits
 from .chain_verify import (bild_verify, fallback_check, greedy_verify, max_prob, rejection_sample,
                            rejection_sample_logits, relaxed_verify)
 from .early_exit import early_exit_topk
@@ -17,7 +18,7 @@ from .kv_cache import kv_compact, kv_rollback
 from .tree_verify import tree_greedy_verify, tree_rejection_sample
 
 __all__ = [
-    "BACKENDS", "bild_verify", "early_exit_topk", "fallback_check", "greedy_verify", "implemented_backends",
+    "BACKENDS", "bild_verify", "block_verify", "block_verify_logits", "early_exit_topk", "fallback_check", "greedy_verify", "implemented_backends",
     "kv_compact", "kv_rollback", "max_prob", "registered_ops", "rejection_sample", "rejection_sample_logits",
     "relaxed_verify", "resolve", "tree_attention", "tree_greedy_verify", "tree_rejection_sample",
 ]

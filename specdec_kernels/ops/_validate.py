@@ -102,6 +102,19 @@ def randomness(op: str, uniforms, seed, offsets, *, shape: tuple, batch: int, de
     optional_tensor(op, "offsets", offsets, shape=(batch,), dtypes=OP_INDEX_DTYPES, device=device, last_dim_contiguous=False)
 
 
+def temperature(op: str, value, *, batch: int, device: torch.device) -> tuple[float, torch.Tensor | None]:
+    """(float temperature, per-row float32 [B] or None): a float > 0 or a [B] tensor of them."""
+    if isinstance(value, torch.Tensor):
+        rows = tensor(op, "temperature", value, shape=(batch,), dtypes=(torch.float32,), device=device,
+                      last_dim_contiguous=False)
+        if can_inspect(rows) and batch and not bool((rows > 0).all()):
+            fail(op, "`temperature` must be > 0 in every row (use greedy_verify for greedy rows)")
+        return 1.0, rows
+    if real_number(op, "temperature", value) <= 0:
+        fail(op, f"`temperature` must be > 0 (got {value}); use greedy_verify for greedy decoding")
+    return float(value), None
+
+
 def num_draft_tokens(op: str, counts, *, batch: int, g: int, device: torch.device):
     optional_tensor(op, "num_draft_tokens", counts, shape=(batch,), dtypes=OP_INDEX_DTYPES, device=device,
                     last_dim_contiguous=False)

@@ -141,17 +141,9 @@ def rejection_sample_logits(target_logits: Tensor, draft_logits: Tensor, draft_t
     op = "rejection_sample_logits"
     batch, _, _ = _check_sampling(op, target_logits, "target_logits", draft_logits, "draft_logits", draft_tokens,
                                   num_draft_tokens, uniforms, seed, offsets)
-    temperatures = None
-    if isinstance(temperature, Tensor):
-        temperatures = check.tensor(op, "temperature", temperature, shape=(batch,), dtypes=(torch.float32,),
-                                    device=draft_tokens.device, last_dim_contiguous=False)
-        if check.can_inspect(temperatures) and batch and not bool((temperatures > 0).all()):
-            check.fail(op, "`temperature` must be > 0 in every row (use greedy_verify for greedy rows)")
-        temperature = 1.0
-    elif check.real_number(op, "temperature", temperature) <= 0:
-        check.fail(op, f"`temperature` must be > 0 (got {temperature}); use greedy_verify for greedy decoding")
+    temperature, temperatures = check.temperature(op, temperature, batch=batch, device=draft_tokens.device)
     seed_int, seeds = check.split_seed(seed)
-    return _rejection_sample_logits_op(target_logits, draft_logits, draft_tokens, float(temperature), temperatures,
+    return _rejection_sample_logits_op(target_logits, draft_logits, draft_tokens, temperature, temperatures,
                                        uniforms, seed_int, seeds, offsets, num_draft_tokens,
                                        resolve(op, backend, draft_tokens.device, sizes=_chain_sizes(target_logits)))
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import reference
+from ..reference.tree_verify import SIBLINGS
 from . import _validate as check
 from ..common.registry import custom_op, implementation, register, resolve
 
@@ -81,21 +82,23 @@ def tree_greedy_verify(target_logits: Tensor, tree_tokens: Tensor, parents: Tens
 @custom_op("specdec::tree_rejection_sample", mutates_args=())
 def _tree_rejection_sample_op(target_probs: Tensor, draft_probs: Tensor, tree_tokens: Tensor, parents: Tensor,
                               max_depth: int, uniforms: Optional[Tensor], seed: Optional[int], seeds: Optional[Tensor],
-                              offsets: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor, Tensor]:
+                              offsets: Optional[Tensor], backend: str,
+                              siblings: str = "independent") -> tuple[Tensor, Tensor, Tensor]:
     return implementation("tree_rejection_sample", backend)(
         target_probs, draft_probs, tree_tokens, parents, max_depth=max_depth, uniforms=uniforms,
-        seed=seed if seeds is None else seeds, offsets=offsets)
+        seed=seed if seeds is None else seeds, offsets=offsets, siblings=siblings)
 
 
 @_tree_rejection_sample_op.register_fake
-def _(target_probs, draft_probs, tree_tokens, parents, max_depth, uniforms, seed, seeds, offsets, backend):
+def _(target_probs, draft_probs, tree_tokens, parents, max_depth, uniforms, seed, seeds, offsets, backend,
+      siblings="independent"):
     return _tree_fake(tree_tokens, max_depth)
 
 
 def tree_rejection_sample(target_probs: Tensor, draft_probs: Tensor, tree_tokens: Tensor, parents: Tensor, *,
                           uniforms: Tensor | None = None, seed: int | Tensor | None = None,
                           offsets: Tensor | None = None, max_depth: int | None = None,
-                          backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+                          siblings: str = "independent", backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
     """Multi-draft speculative sampling over a token tree (lossless).
 
     At each node the children are tried in index order: child c (token x, drawn from
@@ -107,30 +110,49 @@ def tree_rejection_sample(target_probs: Tensor, draft_probs: Tensor, tree_tokens
     i.i.d. samples from one draft distribution, or distinct deterministic (top-k) drafts
     with one-hot q_c. Exact fixed-point rules in reference/tree_verify.py.
 
+    siblings="without_replacement" (sampled siblings, recursive rejection sampling without
+    replacement, Jeon et al. 2024): every child of node v was drawn from ONE q_v =
+    draft_probs[b, v] (row v is the draft distribution AFTER node v, indexed like
+    target_probs, so the caller passes the q each expanded node was sampled from and no row
+    is duplicated per child) without replacement, in index order (Gumbel-top-k or sequential
+    draws). Child x_j is accepted with min(1, r(x_j) / q_j(x_j)), q_j = q_v without the
+    rejected x_1..x_{j-1}, renormalised; a rejection sets r <- norm(max(0, r - q_j)). The
+    removal is recomputed from the sibling tokens (no [B, V] buffer). A child q_j cannot have
+    produced (id outside [0, V), zero draft weight, a rejected sibling's token again) is skipped.
+    Lossless when the children are such draws (a prefix of them, in draw order, whose presence
+    does not depend on its own value). One child per node reproduces the default rule.
+    Fixed point (reference/tree_verify.py `_without_replacement`): the first child uses q_v(x)
+    as given, like rejection_sample; later ones q_v's weights over their total T less the
+    rejected siblings' weights. decoding/draft_tree.py drafts such trees (siblings="sampled").
+
     Args:
         target_probs: [B, N, V] float32/float16/bfloat16, the target distribution at each node.
-        draft_probs: [B, N, V], same dtype: row c is the distribution node c was drawn from
-            (row 0 unused).
+        draft_probs: [B, N, V], same dtype: siblings="independent": row c is the distribution
+            node c was drawn from (row 0 unused); "without_replacement": row v is the distribution
+            v's children were drawn from (rows of leaves unused).
         tree_tokens: [B, N] int64/int32.  parents: [B, N] int64/int32 (any strides).
         uniforms: [B, N] float32/float64 in [0, 1): column c > 0 is node c's coin, column 0
             the final draw (bit-exact mode).
         seed: int or int64/int32 [B] instead of `uniforms`; offsets: [B] int64/int32 absolute position
             of the root's successor, to advance every step.
         max_depth: int >= 0 (default: the tree depth).
+        siblings: "independent" (default) | "without_replacement", how siblings were drawn.
 
     Returns:
         output_tokens [B, D+1], num_accepted [B], accepted_nodes [B, D+1] (int64).
     """
     op = "tree_rejection_sample"
+    if siblings not in SIBLINGS:
+        check.fail(op, f"`siblings` must be one of {SIBLINGS} (got {siblings!r})")
     batch, n, vocab, max_depth = _check_tree(op, target_probs, "target_probs", tree_tokens, parents, max_depth)
     device = tree_tokens.device
     check.tensor(op, "draft_probs", draft_probs, shape=(batch, n, vocab), dtypes=check.FLOAT_DTYPES, device=device)
     check.same_dtype(op, ("target_probs", "draft_probs"), target_probs, draft_probs)
     check.randomness(op, uniforms, seed, offsets, shape=(batch, n), batch=batch, device=device)
     seed_int, seeds = check.split_seed(seed)
+    backend = resolve(op, backend, device, sizes=dict(B=batch, N=n, V=vocab, depth=max_depth, dtype=target_probs.dtype))
     return _tree_rejection_sample_op(target_probs, draft_probs, tree_tokens, parents, max_depth, uniforms, seed_int,
-                                     seeds, offsets, resolve(op, backend, device, sizes=dict(B=batch, N=n, V=vocab, depth=max_depth,
-                                                                                     dtype=target_probs.dtype)))
+                                     seeds, offsets, backend, siblings)
 
 
 register("tree_greedy_verify", "torch", reference.tree_greedy_verify)

@@ -6,6 +6,7 @@ caller supplies the randomness).
 """
 
 from .attention import tree_attention
+from .block_verification import block_verify, block_verify_logits
 from .chain_verify import (bild_verify, fallback_check, greedy_verify, max_prob, rejection_sample,
                            rejection_sample_logits, relaxed_verify)
 from .early_exit import early_exit_topk
@@ -14,7 +15,7 @@ from .tree import ancestor_mask, chain_parents, max_tree_depth, tree_depths
 from .tree_verify import tree_greedy_verify, tree_rejection_sample
 
 __all__ = [
-    "ancestor_mask", "bild_verify", "chain_parents", "early_exit_topk", "fallback_check", "greedy_verify",
+    "ancestor_mask", "bild_verify", "block_verify", "block_verify_logits", "chain_parents", "early_exit_topk", "fallback_check", "greedy_verify",
     "kv_compact", "kv_rollback", "max_prob", "max_tree_depth", "rejection_sample", "rejection_sample_logits",
     "relaxed_verify",
     "tree_attention", "tree_depths", "tree_greedy_verify", "tree_rejection_sample",

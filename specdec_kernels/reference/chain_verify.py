@@ -159,15 +159,20 @@ def fallback_check(draft_logits, threshold: float):
     return max_prob(draft_logits) < threshold
 
 
+def tempered_softmax(logits, temperature):
+    """float32 softmax(logits / temperature) over the last dim of [B, n, V]; temperature a float or
+    a float32 [B] of per-row temperatures (the logits ops' definition of p and q)."""
+    if isinstance(temperature, torch.Tensor):
+        temperature = temperature.float().view(-1, 1, 1)
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
 def rejection_sample_logits(target_logits, draft_logits, draft_tokens, *, temperature=1.0, uniforms=None, seed=None,
                             offsets=None, num_draft_tokens=None):
     """rejection_sample on softmax(logits / temperature) computed in float32.
 
     temperature: a float, or a float32 tensor [B] of per-row temperatures.
     """
-    if isinstance(temperature, torch.Tensor):
-        temperature = temperature.float().view(-1, 1, 1)
-    target_probs = torch.softmax(target_logits.float() / temperature, dim=-1)
-    draft_probs = torch.softmax(draft_logits.float() / temperature, dim=-1)
+    target_probs, draft_probs = tempered_softmax(target_logits, temperature), tempered_softmax(draft_logits, temperature)
     return rejection_sample(target_probs, draft_probs, draft_tokens, uniforms=uniforms, seed=seed, offsets=offsets,
                             num_draft_tokens=num_draft_tokens)

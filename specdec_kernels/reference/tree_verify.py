@@ -14,6 +14,10 @@ from ._sampling import as_int64, gather_token_values, safe_argmax, sample_with_f
 from .chain_verify import seed_and_row_key
 from .tree import children_table
 
+SIBLINGS_INDEPENDENT = "independent"  # each child drawn from its own q_c (i.i.d. or one-hot siblings)
+SIBLINGS_WITHOUT_REPLACEMENT = "without_replacement"  # a node's children drawn from one q without replacement
+SIBLINGS = (SIBLINGS_INDEPENDENT, SIBLINGS_WITHOUT_REPLACEMENT)
+
 
 class _Walk:
     """Per-row walk state: current node, path so far, and the output tensors."""
@@ -68,8 +72,40 @@ def tree_greedy_verify(target_logits, tree_tokens, parents, *, max_depth: int):
     return walk.outputs()
 
 
+class _Coins:
+    """The uniforms of a tree walk: the caller's uniforms [B, N] (column c: node c's coin, column 0:
+    the final draw), or Philox draws at (seed, offsets[b] + depth, row key, salt, sibling rank)."""
+
+    def __init__(self, uniforms, seed, offsets, batch, device):
+        self.uniforms = uniforms
+        if uniforms is None:
+            self.offsets = (torch.zeros(batch, dtype=torch.int64, device=device) if offsets is None
+                            else offsets.to(torch.int64))
+            self.seeds, self.row_key = seed_and_row_key(seed, batch, device)
+
+    def accept(self, rows, child, level, rank):
+        """The coin of `child` (clamped to a node), tried at sibling rank `rank` and depth `level`."""
+        if self.uniforms is None:
+            return rng.philox_uniform(self.seeds, self.offsets + level, self.row_key, rng.SALT_ACCEPT, rank)
+        return self.uniforms[rows, child].to(torch.float64)
+
+    def final(self, level):
+        """The uniform of the final draw at depth `level`."""
+        if self.uniforms is None:
+            return rng.philox_uniform(self.seeds, self.offsets + level, self.row_key, rng.SALT_FINAL)
+        return self.uniforms[:, 0].to(torch.float64)
+
+
+def _start_sampling(tree_tokens, parents, max_depth, uniforms, seed, offsets):
+    """(int64 tree tokens, children table, walk state, coins) of a sampling walk."""
+    tree_tokens, parents = as_int64(tree_tokens), as_int64(parents)
+    walk = _Walk(tree_tokens, max_depth)
+    coins = _Coins(uniforms, seed, offsets, tree_tokens.shape[0], tree_tokens.device)
+    return tree_tokens, children_table(parents), walk, coins
+
+
 def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None,
-                          seed=None, offsets=None):
+                          seed=None, offsets=None, siblings: str = "independent"):
     """Multi-draft speculative sampling over a tree (SpecInfer-style recursive rejection).
 
     At node `cur` with target distribution p = target_probs[b, cur], children c_1, c_2, ...
@@ -83,19 +119,18 @@ def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, ma
     max_depth: the bonus) the row emits a draw from r, falling back to p, then to argmax.
     Lossless when each child's token was drawn independently from its q_c (i.i.d. siblings
     from one q, or deterministic distinct siblings with one-hot q_c).
+    siblings="without_replacement" switches to the sampled-siblings rule (see
+    `_without_replacement`); the default "independent" is the rule above.
     Randomness: uniforms [B, N] (column c is node c's coin, column 0 the final draw) or
     counter-based draws: node coins at (seed, offsets[b] + depth - 1, row, ACCEPT, sibling
     rank) and the final draw at (seed, offsets[b] + depth of the last node, row, FINAL), so
     a chain-shaped tree reproduces `rejection_sample` in both modes.
     """
-    tree_tokens, parents = as_int64(tree_tokens), as_int64(parents)
-    batch = tree_tokens.shape[0]
-    device = tree_tokens.device
-    children = children_table(parents)
-    walk = _Walk(tree_tokens, max_depth)
-    if uniforms is None:
-        offsets = torch.zeros(batch, dtype=torch.int64, device=device) if offsets is None else offsets.to(torch.int64)
-        seeds, row_key = seed_and_row_key(seed, batch, device)
+    if siblings == SIBLINGS_WITHOUT_REPLACEMENT:
+        return _without_replacement(target_probs, draft_probs, tree_tokens, parents, max_depth=max_depth,
+                                    uniforms=uniforms, seed=seed, offsets=offsets)
+    tree_tokens, children, walk, coins = _start_sampling(tree_tokens, parents, max_depth, uniforms, seed, offsets)
+    batch, device = tree_tokens.shape[0], tree_tokens.device
     for level in range(max_depth + 1):
         if not bool(walk.alive.any()):
             break
@@ -112,10 +147,7 @@ def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, ma
             safe_child = child.clamp(min=0)
             q = draft_probs[rows, safe_child].float()
             x = tree_tokens[rows, safe_child]
-            if uniforms is None:
-                u = rng.philox_uniform(seeds, offsets + level, row_key, rng.SALT_ACCEPT, rank)
-            else:
-                u = uniforms[rows, safe_child].to(torch.float64)
+            u = coins.accept(rows, safe_child, level, rank)
             p_x, in_range = gather_token_values(p, x)
             q_x, _ = gather_token_values(q, x)
             r_x = weights.gather(1, x.clamp(0, weights.shape[1] - 1).unsqueeze(1)).squeeze(1)  # exact: <= 2^40
@@ -130,10 +162,83 @@ def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, ma
             new_weights = torch.where(rejected_any.unsqueeze(1), later_weights, to_weights(p - q))
             weights = torch.where(rejected.unsqueeze(1), new_weights, weights)
             rejected_any |= rejected
-        if uniforms is None:
-            u_final = rng.philox_uniform(seeds, offsets + level, row_key, rng.SALT_FINAL)
-        else:
-            u_final = uniforms[:, 0].to(torch.float64)
+        u_final = coins.final(level)
         final = sample_with_fallback(weights, to_weights(p), u_final)
+        walk.advance(accepted_child, final)
+    return walk.outputs()
+
+
+def _without_replacement(target_probs, draft_probs, tree_tokens, parents, *, max_depth, uniforms, seed, offsets):
+    """Recursive rejection sampling with siblings drawn WITHOUT replacement (Jeon et al. 2024).
+
+    All children of node v were drawn from ONE draft distribution q = draft_probs[b, v] (row v:
+    the distribution after node v, indexed like target_probs) without replacement, in index
+    order (Gumbel-top-k, or the equivalent sequential draws). With p = target_probs[b, v]:
+      Q = to_weights(q), T = sum Q (fixed point, as the drafter draws),
+      child 1 (token x, coin u): accept iff u * q(x) < p(x) in float64 (rejection_sample's rule);
+        on rejection R <- to_weights(p - q) (float32 difference), S = sum R, T' = T - Q(x);
+      child j > 1 (rejected tokens X = {x_1..x_{j-1}}, T' = T - sum_{X} Q): with the float64 scale
+        c = S / T' (q_j = Q_j / T', put in R's units), accept iff u * (c * Q(x)) < R(x);
+        on rejection R(v) <- max(0, R(v) - floor(c * Q(v))) for v not in X (q_j is 0 on X),
+        S = sum R, T' <- T' - Q(x).
+    So r = R / S is norm(max(r - q_j, 0)) and q_{j+1} is q_j without x_j, renormalised, both
+    computed from the row of q and the sibling tokens, nothing of size V kept per rank. A child
+    that q_j could not have produced (token outside [0, V), Q(x) = 0, or a rejected sibling's
+    token again) is skipped: no coin, no update. When no child is accepted (or at a leaf or at
+    depth max_depth) the row draws from R (if S > 0), else from p, else takes id 0.
+    Coins: uniforms[b, c] for child c, or Philox(seed, offsets[b] + depth, row key, ACCEPT,
+    rank) with rank = the real siblings rejected before it; the final draw as in the
+    independent rule. A node with one child reproduces the independent rule exactly.
+    """
+    tree_tokens, children, walk, coins = _start_sampling(tree_tokens, parents, max_depth, uniforms, seed, offsets)
+    batch, device = tree_tokens.shape[0], tree_tokens.device
+    for level in range(max_depth + 1):
+        if not bool(walk.alive.any()):
+            break
+        rows, cur = walk.rows, walk.cur
+        p = target_probs[rows, cur].float()  # [B, V]
+        q = draft_probs[rows, cur].float()
+        q_weights = to_weights(q)
+        vocab = p.shape[1]
+        weights = to_weights(p - q)  # R after the first rejection; meaningful only once rank > 0
+        total = weights.sum(dim=1)  # S
+        q_left = q_weights.sum(dim=1)  # T' (before any rejection: T)
+        removed = torch.zeros_like(q_weights, dtype=torch.bool)  # the reference may keep [B, V]
+        rank = torch.zeros(batch, dtype=torch.int64, device=device)
+        accepted_child = torch.full((batch,), -1, dtype=torch.int64, device=device)
+        for slot in range(children.shape[2] if level < max_depth else 0):
+            child = children[rows, cur, slot]
+            trying = walk.alive & (accepted_child < 0) & (child >= 0)
+            if not bool(trying.any()):
+                break
+            safe_child = child.clamp(min=0)
+            x = tree_tokens[rows, safe_child]
+            in_range = (x >= 0) & (x < vocab)
+            safe_x = x.clamp(0, vocab - 1).unsqueeze(1)
+            q_x_weight = q_weights.gather(1, safe_x).squeeze(1)
+            real = trying & in_range & (q_x_weight > 0) & ~removed.gather(1, safe_x).squeeze(1)
+            u = coins.accept(rows, safe_child, level, rank)
+            p_x = p.gather(1, safe_x).squeeze(1).double()
+            q_x = q.gather(1, safe_x).squeeze(1).double()
+            r_x = weights.gather(1, safe_x).squeeze(1).double()  # <= 2^40: exact
+            scale = total.double() / q_left.clamp(min=1).double()  # c = S / T'
+            first_rule = u * q_x < p_x
+            later_rule = u * (scale * q_x_weight.double()) < r_x
+            later = rank > 0
+            accept = real & torch.where(later, later_rule, first_rule)
+            accepted_child = torch.where(accept, child, accepted_child)
+            rejected = real & ~accept
+            # capped at 2^41 > any R(v): the same result, and the cast never overflows
+            cut = torch.floor((scale.unsqueeze(1) * q_weights.double()).clamp(max=2.0**41)).to(torch.int64)
+            cut = torch.where(removed, 0, cut)
+            new_weights = torch.where(later.unsqueeze(1), (weights - cut).clamp(min=0), weights)
+            weights = torch.where(rejected.unsqueeze(1), new_weights, weights)
+            total = torch.where(rejected, weights.sum(dim=1), total)
+            q_left = torch.where(rejected, q_left - q_x_weight, q_left)
+            removed = removed | (rejected.unsqueeze(1) & (torch.arange(vocab, device=device) == safe_x))
+            rank = rank + rejected.to(torch.int64)
+        u_final = coins.final(level)
+        residual = torch.where((rank > 0).unsqueeze(1), weights, 0)
+        final = sample_with_fallback(residual, to_weights(p), u_final)
         walk.advance(accepted_child, final)
     return walk.outputs()

@@ -6,6 +6,7 @@ itself, not this subpackage. Without triton installed nothing is registered and 
 """
 
 try:
+    from . import block_verify, block_verify_logits  # noqa: F401  (block_verify, block_verify_logits)
     from . import early_exit_topk  # noqa: F401  (early_exit_topk)
     from . import kv_compact  # noqa: F401  (kv_compact)
     from . import logit_verify  # noqa: F401  (greedy_verify, relaxed_verify, bild_verify, max_prob)

@@ -16,6 +16,12 @@ MAX_GRID_X = 2**31 - 1
 MAX_GRID_YZ = 65535
 
 
+def chain_launch(target: torch.Tensor, draft_tokens: torch.Tensor) -> tuple:
+    """(batch, g, vocab, device, out_tokens, num_accepted) of a chain launch: target [B, g+1, V],
+    draft_tokens [B, g]; the outputs are already the answer for batch == 0."""
+    return (*draft_tokens.shape, target.shape[-1], draft_tokens.device, *chain_outputs(draft_tokens))
+
+
 def grid_x_refusal(programs: int, what: str) -> str | None:
     """The registry's refusal when `programs` (described by `what`) do not fit grid x, else None."""
     if programs > MAX_GRID_X:
@@ -57,3 +63,11 @@ def randomness_mode(uniforms, seed) -> tuple[int, int, torch.Tensor | None]:
     if isinstance(seed, torch.Tensor):
         return ROW_SEEDS.value, 0, seed
     return INT_SEED.value, int(seed), None
+
+
+def temperature_args(temperature, placeholder: torch.Tensor) -> tuple:
+    """(PER_ROW_TEMP, temperatures tensor, scalar temperature, temperatures stride) of a logits
+    launch: a per-row float tensor, or one float (then `placeholder`, never read, and stride 0)."""
+    if isinstance(temperature, torch.Tensor):
+        return True, temperature, 1.0, temperature.stride(0)
+    return False, placeholder, float(temperature), 0

@@ -40,7 +40,7 @@ import triton.language as tl
 from ..common.workspace import zeroed_counters
 from ..common.registry import register
 from . import _launch
-from ._launch import chain_outputs, device_scope
+from ._launch import chain_launch, device_scope
 from ._tickets import last_ticket, reset_ticket
 
 BLOCK_V = 1024  # elements per tile (power of two)
@@ -252,10 +252,7 @@ def _float32(value: float) -> float:
 def _launch_chain(target_logits, draft_tokens, num_draft_tokens, *, mode: int, top_beta: int = 1,
                   tau: float = 0.0, threshold: float = 0.0, block_v: int = BLOCK_V,
                   tiles_per_program: int = TILES_PER_PROGRAM, max_splits: int = MAX_SPLITS):
-    batch, g = draft_tokens.shape
-    vocab = target_logits.shape[-1]
-    device = draft_tokens.device
-    out_tokens, num_accepted = chain_outputs(draft_tokens)
+    batch, g, vocab, device, out_tokens, num_accepted = chain_launch(target_logits, draft_tokens)
     if batch == 0:
         return out_tokens, num_accepted
     block_v, tiles, num_splits = _split_plan(vocab, block_v, tiles_per_program, max_splits)

@@ -38,7 +38,7 @@ import triton.language as tl
 from ..common.workspace import zeroed_counters
 from ..common.registry import register
 from ._fixed_point import count_at_or_below, draw_threshold, to_weights
-from ._launch import chain_outputs, device_scope, randomness_mode
+from ._launch import chain_launch, device_scope, randomness_mode
 from ._philox import SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform, row_stream
 from ._tickets import last_ticket, reset_ticket
 
@@ -187,10 +187,7 @@ def _split_plan(batch: int, vocab: int, block_v: int = BLOCK_V, min_tiles: int =
 def _launch(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None, offsets=None,
             num_draft_tokens=None, block_v: int = BLOCK_V, min_tiles: int = MIN_TILES, max_tiles: int = MAX_TILES,
             target_programs: int = TARGET_PROGRAMS):
-    batch, g = draft_tokens.shape
-    vocab = target_probs.shape[-1]
-    device = draft_tokens.device
-    out_tokens, num_accepted = chain_outputs(draft_tokens)
+    batch, g, vocab, device, out_tokens, num_accepted = chain_launch(target_probs, draft_tokens)
     if batch == 0:
         return out_tokens, num_accepted
     block_v, tiles, num_splits = _split_plan(batch, vocab, block_v, min_tiles, max_tiles, target_programs)

@@ -48,7 +48,7 @@ import triton.language as tl
 from ..common.workspace import zeroed_counters
 from ..common.registry import register
 from ._fixed_point import count_at_or_below, draw_threshold, to_weights
-from ._launch import chain_outputs, device_scope, grid_x_refusal, randomness_mode
+from ._launch import chain_launch, device_scope, grid_x_refusal, randomness_mode, temperature_args
 from ._philox import SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform, row_stream
 from ._tickets import last_ticket, reset_ticket
 from .logit_verify import _load_partials, _split_plan
@@ -215,6 +215,46 @@ def _accept_draw(
     tl.store(num_acc_ptr + b, num_acc)
 
 
+@triton.jit
+def _stats_row(row, target_rows, g, target_ptr, draft_ptr, stride_tb, stride_tp, stride_qb, stride_qp):
+    """(b, row pointer, last_needed) of statistics row `row`: target rows b * (g + 1) + i first,
+    then draft rows b * g + i. The row is read only when last_needed <= n_b."""
+    if row < target_rows:
+        b = row // (g + 1)
+        pos = row % (g + 1)
+        base = target_ptr + b * stride_tb + pos * stride_tp
+        last_needed = pos  # target position pos is read when pos <= n_b
+    else:
+        r = row - target_rows
+        gd = tl.maximum(g, 1)  # only reached when g >= 1
+        b = r // gd
+        pos = r % gd
+        base = draft_ptr + b * stride_qb + pos * stride_qp
+        last_needed = pos + 1  # draft position pos is read when pos < n_b
+    return b, base, last_needed
+
+
+@triton.jit
+def _drafts_in_row(counts_ptr, b, stride_c, g, HAS_COUNTS: tl.constexpr):
+    """n_b = clamp(num_draft_tokens[b], 0, g), or g without counts."""
+    if HAS_COUNTS:
+        n = tl.load(counts_ptr + b * stride_c).to(tl.int64)
+        n = tl.minimum(tl.maximum(n, 0), g)
+    else:
+        n = tl.full((), 0, tl.int64) + g
+    return n
+
+
+@triton.jit
+def _row_temperature(temps_ptr, b, stride_temp, temperature, PER_ROW_TEMP: tl.constexpr):
+    """Batch row b's temperature as a float32 scalar: temperatures[b], or the one `temperature`."""
+    if PER_ROW_TEMP:
+        temp = tl.load(temps_ptr + b * stride_temp).to(tl.float32)
+    else:
+        temp = tl.full((), 0.0, tl.float32) + temperature
+    return temp
+
+
 # Not specialised (tests/test_triton_recompiles.py): the seed, and the ints that follow the
 # batch size or the draft length g (g, the target rows B * (g + 1), the strides g and g + 1
 # of the drafts, uniforms and outputs): Triton would compile a variant for the value 1 and
@@ -231,27 +271,10 @@ def _rejection_sample_logits_kernel(
         TILES: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # target rows b * (g+1) + i first, then draft rows b * g + i
     split = tl.program_id(1).to(tl.int64)
-    if row < target_rows:
-        b = row // (g + 1)
-        pos = row % (g + 1)
-        base = target_ptr + b * stride_tb + pos * stride_tp
-        last_needed = pos  # target position pos is read when pos <= n_b
-    else:
-        r = row - target_rows
-        gd = tl.maximum(g, 1)  # only reached when g >= 1
-        b = r // gd
-        pos = r % gd
-        base = draft_ptr + b * stride_qb + pos * stride_qp
-        last_needed = pos + 1  # draft position pos is read when pos < n_b
-    if HAS_COUNTS:
-        n = tl.load(counts_ptr + b * stride_c).to(tl.int64)
-        n = tl.minimum(tl.maximum(n, 0), g)
-    else:
-        n = tl.full((), 0, tl.int64) + g
-    if PER_ROW_TEMP:
-        temp = tl.load(temps_ptr + b * stride_temp).to(tl.float32)
-    else:
-        temp = tl.full((), 0.0, tl.float32) + temperature
+    b, base, last_needed = _stats_row(row, target_rows, g, target_ptr, draft_ptr, stride_tb, stride_tp, stride_qb,
+                                      stride_qp)
+    n = _drafts_in_row(counts_ptr, b, stride_c, g, HAS_COUNTS)
+    temp = _row_temperature(temps_ptr, b, stride_temp, temperature, PER_ROW_TEMP)
     last = tl.full((), 0, tl.int1)
     if last_needed <= n:  # rows the batch row never uses are not read and take no ticket
         best, total = _chunk_softmax_stats(base, split * (STATS_BLOCK_V * TILES), vocab, temp, STATS_BLOCK_V, TILES)
@@ -266,34 +289,35 @@ def _rejection_sample_logits_kernel(
         reset_ticket(tickets_ptr + b)
 
 
-def _launch(target_logits, draft_logits, draft_tokens, *, temperature=1.0, uniforms=None, seed=None, offsets=None,
-            num_draft_tokens=None, block_v: int = BLOCK_V, tiles_per_program: int = TILES_PER_PROGRAM,
-            max_splits: int = MAX_SPLITS):
-    batch, g = draft_tokens.shape
-    vocab = target_logits.shape[-1]
-    device = draft_tokens.device
-    out_tokens, num_accepted = chain_outputs(draft_tokens)
-    if batch == 0:
-        return out_tokens, num_accepted
-    mode, seed_int, seeds = randomness_mode(uniforms, seed)
-    per_row_temp = isinstance(temperature, torch.Tensor)
-    temp_value = 1.0 if per_row_temp else float(temperature)
-    placeholder = draft_tokens  # any tensor on the device; never read when its flag is off
-    if g == 0:
-        draft_logits = target_logits  # [B, 0, V] has nothing to read; keep a valid pointer
-    temps_t = temperature if per_row_temp else placeholder
-    uniforms_t = placeholder if uniforms is None else uniforms
-    seeds_t = placeholder if seeds is None else seeds
-    offsets_t = placeholder if offsets is None else offsets
-    counts_t = placeholder if num_draft_tokens is None else num_draft_tokens
-    stride_temp = temps_t.stride(0) if per_row_temp else 0
-    stride_c = counts_t.stride(0) if num_draft_tokens is not None else 0
-
-    stats_block_v, tiles, num_splits = _split_plan(vocab, block_v, tiles_per_program, max_splits)
+def _stats_buffers(batch: int, g: int, num_splits: int, device) -> tuple:
+    """(target_rows, rows, part_max, part_sum): the per-chunk softmax statistics of the B * (g + 1)
+    target rows, then the B * g draft rows (the layout `_stats_row` decodes)."""
     target_rows = batch * (g + 1)
     rows = target_rows + batch * g
     part_max = torch.empty(rows, num_splits, dtype=torch.float32, device=device)
     part_sum = torch.empty(rows, num_splits, dtype=torch.float32, device=device)
+    return target_rows, rows, part_max, part_sum
+
+
+def _launch(target_logits, draft_logits, draft_tokens, *, temperature=1.0, uniforms=None, seed=None, offsets=None,
+            num_draft_tokens=None, block_v: int = BLOCK_V, tiles_per_program: int = TILES_PER_PROGRAM,
+            max_splits: int = MAX_SPLITS):
+    batch, g, vocab, device, out_tokens, num_accepted = chain_launch(target_logits, draft_tokens)
+    if batch == 0:
+        return out_tokens, num_accepted
+    mode, seed_int, seeds = randomness_mode(uniforms, seed)
+    placeholder = draft_tokens  # any tensor on the device; never read when its flag is off
+    if g == 0:
+        draft_logits = target_logits  # [B, 0, V] has nothing to read; keep a valid pointer
+    per_row_temp, temps_t, temp_value, stride_temp = temperature_args(temperature, placeholder)
+    uniforms_t = placeholder if uniforms is None else uniforms
+    seeds_t = placeholder if seeds is None else seeds
+    offsets_t = placeholder if offsets is None else offsets
+    counts_t = placeholder if num_draft_tokens is None else num_draft_tokens
+    stride_c = counts_t.stride(0) if num_draft_tokens is not None else 0
+
+    stats_block_v, tiles, num_splits = _split_plan(vocab, block_v, tiles_per_program, max_splits)
+    target_rows, rows, part_max, part_sum = _stats_buffers(batch, g, num_splits, device)
     tickets = zeroed_counters(device, batch)
     with device_scope(device):
         _rejection_sample_logits_kernel[(rows, num_splits)](

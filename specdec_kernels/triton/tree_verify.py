@@ -34,6 +34,9 @@ index order with the reference's fixed-point rules (reference/tree_verify.py):
 - the rank table (int64 [B, 2N], `rejection_plan`) holds, per sibling rank, the rejected
   child and the total after it, for those recomputations. Its entries are written by the
   row's own program, behind a barrier, before any thread reads them.
+siblings="without_replacement" runs `_tree_rejection_wr_kernel` (same grid, same rank table,
+other contents): all children of a node share the node's own draft row, so a rejection's pass
+reads p and that one q row whatever the rank (see the section below).
 When no child is accepted (all rejected, a leaf, or depth max_depth: the bonus) the row
 draws its final token: from R_k when S_k > 0 (one more recomputing pass, the usual count of
 cdf entries <= floor(u * S) over BLOCK_V tiles), else from p's weights (one pass to sum
@@ -136,11 +139,7 @@ def _greedy_walk(logits_ptr, par, tok, lanes, argmax_vec, b, n, vocab, max_depth
                  BLOCK_V: tl.constexpr, MERGED: tl.constexpr):
     """Walk row b from the root and store its outputs. MERGED: each node's argmax is lane
     `node` of argmax_vec; otherwise each visited node's row is streamed here."""
-    out_vec = tl.full((BLOCK_N,), -1, tl.int64)
-    nodes_vec = tl.where(lanes == 0, 0, out_vec)
-    cur = tl.full((), 0, tl.int64)
-    level = tl.full((), 0, tl.int64)
-    alive = tl.full((), 1, tl.int1)
+    out_vec, nodes_vec, cur, level, alive = _start_walk(lanes, BLOCK_N)
     while alive:
         if MERGED:
             want = tl.sum(tl.where(lanes == cur, argmax_vec, 0), axis=0)
@@ -318,6 +317,56 @@ def _draw_p(p_row, threshold, vocab, BLOCK_V: tl.constexpr):
     return count
 
 
+@triton.jit
+def _start_walk(lanes, BLOCK_N: tl.constexpr):
+    """(out_vec, nodes_vec, cur, level, alive) of a walk at the root: no tokens yet, node 0."""
+    out_vec = tl.full((BLOCK_N,), -1, tl.int64)
+    nodes_vec = tl.where(lanes == 0, 0, out_vec)
+    cur = tl.full((), 0, tl.int64)
+    level = tl.full((), 0, tl.int64)
+    alive = tl.full((), 1, tl.int1)
+    return out_vec, nodes_vec, cur, level, alive
+
+
+@triton.jit
+def _accept_uniform(uniforms_ptr, b, child, stride_ub, stride_un, seed_b, row_key, offset, level, rank,
+                    RANDOM: tl.constexpr):
+    """The coin of `child`, tried at sibling rank `rank` and depth `level`: the caller's
+    uniforms[b, child], else the Philox draw (offset + level, SALT_ACCEPT, rank)."""
+    if RANDOM == UNIFORMS:
+        u = tl.load(uniforms_ptr + b * stride_ub + child * stride_un).to(tl.float64)
+    else:
+        u = philox_uniform(seed_b, offset + level, row_key, SALT_ACCEPT, rank)
+    return u
+
+
+@triton.jit
+def _final_uniform(uniforms_ptr, b, stride_ub, seed_b, row_key, offset, level, RANDOM: tl.constexpr):
+    """The uniform of the final draw at depth `level`: the caller's uniforms[b, 0], else the
+    Philox draw (offset + level, SALT_FINAL, 0)."""
+    if RANDOM == UNIFORMS:
+        u = tl.load(uniforms_ptr + b * stride_ub).to(tl.float64)
+    else:
+        u = philox_uniform(seed_b, offset + level, row_key, SALT_FINAL, 0)
+    return u
+
+
+@triton.jit
+def _draw_from_p(p_row, u_final, vocab, BLOCK_V: tl.constexpr):
+    """The final draw from p's own weights (no residual, or an empty one); id 0 when p has no mass."""
+    total_p = _p_total(p_row, vocab, BLOCK_V)
+    final = _draw_p(p_row, draw_threshold(u_final, total_p), vocab, BLOCK_V)
+    return tl.where(total_p > 0, tl.minimum(final, vocab - 1), 0)
+
+
+@triton.jit
+def _descend(out_vec, nodes_vec, tok, lanes, accepted, level):
+    """The path vectors after accepting child `accepted` at depth `level`."""
+    out_vec = tl.where(lanes == level, tl.sum(tl.where(lanes == accepted, tok, 0), axis=0), out_vec)
+    nodes_vec = tl.where(lanes == level + 1, accepted, nodes_vec)
+    return out_vec, nodes_vec
+
+
 @triton.jit(do_not_specialize=_TREE_INTS + ["seed", "stride_kb", "stride_ub", "stride_table"])
 def _tree_rejection_kernel(
         target_ptr, draft_ptr, tok_ptr, par_ptr, uniforms_ptr, seeds_ptr, offsets_ptr, table_ptr,
@@ -326,22 +375,15 @@ def _tree_rejection_kernel(
         stride_ub, stride_un, stride_s, stride_o, stride_ob, stride_nb, stride_table,
         RANDOM: tl.constexpr, HAS_OFFSETS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
-    lanes = tl.arange(0, BLOCK_N).to(tl.int64)
-    in_tree = lanes < n
-    par = tl.load(par_ptr + b * stride_pb + lanes * stride_pn, mask=in_tree, other=-2).to(tl.int64)
-    tok = tl.load(tok_ptr + b * stride_kb + lanes * stride_kn, mask=in_tree, other=-1).to(tl.int64)
+    lanes, par, tok = _load_tree(tok_ptr, par_ptr, b, n, stride_kb, stride_kn, stride_pb, stride_pn, BLOCK_N)
     # the row's rank table: [rank] the rejected child, [n + rank] the total S after it
     table = table_ptr + b * stride_table
     q_base = draft_ptr + b * stride_qb
 
     seed_b, row_key, offset = row_stream(seeds_ptr, offsets_ptr, b, seed, stride_s, stride_o, RANDOM, HAS_OFFSETS)
 
-    out_vec = tl.full((BLOCK_N,), -1, tl.int64)
-    nodes_vec = tl.where(lanes == 0, 0, out_vec)
-    cur = tl.full((), 0, tl.int64)
-    level = tl.full((), 0, tl.int64)
+    out_vec, nodes_vec, cur, level, alive = _start_walk(lanes, BLOCK_N)
     final = tl.full((), 0, tl.int64)
-    alive = tl.full((), 1, tl.int1)
     while alive:
         p_row = target_ptr + b * stride_tb + cur * stride_tn
         total = tl.full((), 0, tl.int64)  # S after the last rejection, meaningful once rank > 0
@@ -359,10 +401,8 @@ def _tree_rejection_kernel(
             if rank > 0:  # R(x) <= 2^40 is exact in float64
                 r_x = _residual_at_token(p_row, q_base, stride_qn, table, n, rank, safe_x, in_range,
                                          lanes).to(tl.float64)
-            if RANDOM == UNIFORMS:
-                u = tl.load(uniforms_ptr + b * stride_ub + child * stride_un).to(tl.float64)
-            else:
-                u = philox_uniform(seed_b, offset + level, row_key, SALT_ACCEPT, rank)
+            u = _accept_uniform(uniforms_ptr, b, child, stride_ub, stride_un, seed_b, row_key, offset, level, rank,
+                                RANDOM)
             first_rule = u * q_x < p_x
             later_rule = (u * q_x) * total.to(tl.float64) < r_x
             accept = in_range & tl.where(rank > 0, later_rule, first_rule)
@@ -383,25 +423,161 @@ def _tree_rejection_kernel(
                 child = _next_child(par, lanes, cur, child, n)
         moving = accepted >= 0
         if moving:
-            out_vec = tl.where(lanes == level, tl.sum(tl.where(lanes == accepted, tok, 0), axis=0), out_vec)
-            nodes_vec = tl.where(lanes == level + 1, accepted, nodes_vec)
+            out_vec, nodes_vec = _descend(out_vec, nodes_vec, tok, lanes, accepted, level)
             cur = accepted
             level += 1
         else:
             # final draw: from R (when not empty), else from p, else id 0
-            if RANDOM == UNIFORMS:
-                u_final = tl.load(uniforms_ptr + b * stride_ub).to(tl.float64)
-            else:
-                u_final = philox_uniform(seed_b, offset + level, row_key, SALT_FINAL, 0)
+            u_final = _final_uniform(uniforms_ptr, b, stride_ub, seed_b, row_key, offset, level, RANDOM)
             use_r = (rank > 0) & (total > 0)
             if use_r:
                 final = _draw_residual(p_row, q_base, stride_qn, table, n, rank, draw_threshold(u_final, total),
                                        vocab, BLOCK_V)
                 final = tl.minimum(final, vocab - 1)  # threshold < S: only guards the id range
             else:
-                total_p = _p_total(p_row, vocab, BLOCK_V)
-                final = _draw_p(p_row, draw_threshold(u_final, total_p), vocab, BLOCK_V)
-                final = tl.where(total_p > 0, tl.minimum(final, vocab - 1), 0)
+                final = _draw_from_p(p_row, u_final, vocab, BLOCK_V)
+            out_vec = tl.where(lanes == level, final, out_vec)
+        alive = moving
+    tl.store(num_acc_ptr + b, level)
+    _store_path(out_ptr, nodes_ptr, out_vec, nodes_vec, lanes, b, stride_ob, stride_nb, max_depth + 1, BLOCK_N)
+
+
+# ------------------------------------------------------------------ sampled siblings (without replacement)
+# siblings="without_replacement" (reference `_without_replacement`): every child of node v was
+# drawn from the one row q = draft[b, v] without replacement. The rank table of the row holds,
+# per rejected rank i, [i] the rejected token x_i and [n + i] the float64 scale c_i = S / T'
+# (its bits; rank 0 has none) used at that rank. R after `count` rejections is recomputed from p,
+# q and these scalars: R = to_weights(p - q), then for i = 1..count-1, R <- max(0, R - floor(c_i *
+# Q)) off the tokens x_0..x_{i-1}. One q row for all siblings: a rejection's pass reads p and q
+# once, whatever the rank (the independent rule reads k + 1 rows at rank k).
+
+CUT_CAP_F64: tl.constexpr = tl.constexpr(2.0**41)  # CUT_CAP as float64, applied before the cast
+
+
+@triton.jit
+def _wr_residual_at(p_row, q_row, table, n, count, offs, m):
+    """(R, Q) at ids `offs` after `count` (>= 1) rejected siblings; masked lanes weigh 0."""
+    p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float32)
+    q = tl.load(q_row + offs, mask=m, other=0.0).to(tl.float32)
+    q_weight = to_weights(q)
+    r = to_weights(p - q)
+    removed = offs < 0  # all False
+    for i in range(1, count):
+        removed = removed | (offs == tl.load(table + i - 1))  # q_i is 0 on the tokens rejected before
+        scale = tl.load(table + n + i).to(tl.float64, bitcast=True)
+        # >= 0: the truncating cast is the floor; capped (R <= 2^40 < CUT_CAP, so a capped cut
+        # empties R as the uncapped one would) so that removed lanes, where Q may exceed T', cast safely
+        cut = tl.minimum(scale * q_weight.to(tl.float64), CUT_CAP_F64).to(tl.int64)
+        r = tl.where(removed, r, tl.maximum(r - cut, 0))
+    return r, q_weight
+
+
+@triton.jit
+def _wr_totals(p_row, q_row, table, n, count, vocab, BLOCK_V: tl.constexpr):
+    """(S, T): the residual's total after `count` rejections and sum_v Q(v), one pass."""
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    total = tl.full((), 0, tl.int64)
+    q_total = tl.full((), 0, tl.int64)
+    for start in range(0, vocab, BLOCK_V):
+        offs = start + lanes
+        r, q_weight = _wr_residual_at(p_row, q_row, table, n, count, offs, offs < vocab)
+        total += tl.sum(r, axis=0)
+        q_total += tl.sum(q_weight, axis=0)
+    return total, q_total
+
+
+@triton.jit
+def _wr_draw(p_row, q_row, table, n, count, threshold, vocab, BLOCK_V: tl.constexpr):
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    count_below = tl.full((), 0, tl.int64)
+    carry = tl.full((), 0, tl.int64)
+    for start in range(0, vocab, BLOCK_V):
+        offs = start + lanes
+        m = offs < vocab
+        w, _ = _wr_residual_at(p_row, q_row, table, n, count, offs, m)
+        count_below += count_at_or_below(w, carry, threshold, m)
+        carry += tl.sum(w, axis=0)
+    return count_below
+
+
+@triton.jit
+def _wr_test_later(p_x, q_x, q_weight_x, u, table, n, rank, total, q_left, lanes):
+    """The test of a real child x at rank >= 1: u * (c * Q(x)) < R(x), c = S / T'. x is no
+    rejected token, so every later rank cut it: R(x) = max(0, R_1(x) - sum_i min(cut_i, CAP)),
+    loop-free over the BLOCK_N lanes (lane i = rank i), as `_residual_at_token`."""
+    later = (lanes >= 1) & (lanes < rank)
+    scales = tl.load(table + n + lanes, mask=later, other=0).to(tl.float64, bitcast=True)
+    cuts = tl.minimum(scales * q_weight_x.to(tl.float64), CUT_CAP_F64).to(tl.int64)  # masked lanes: 0
+    r_x = tl.maximum(to_weights(p_x - q_x) - tl.sum(cuts, axis=0), 0).to(tl.float64)  # <= 2^40: exact
+    scale = total.to(tl.float64) / q_left.to(tl.float64)
+    return u * (scale * q_weight_x.to(tl.float64)) < r_x, scale
+
+
+@triton.jit(do_not_specialize=_TREE_INTS + ["seed", "stride_kb", "stride_ub", "stride_table"])
+def _tree_rejection_wr_kernel(
+        target_ptr, draft_ptr, tok_ptr, par_ptr, uniforms_ptr, seeds_ptr, offsets_ptr, table_ptr,
+        out_ptr, num_acc_ptr, nodes_ptr, seed, n, vocab, max_depth,
+        stride_tb, stride_tn, stride_qb, stride_qn, stride_kb, stride_kn, stride_pb, stride_pn,
+        stride_ub, stride_un, stride_s, stride_o, stride_ob, stride_nb, stride_table,
+        RANDOM: tl.constexpr, HAS_OFFSETS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    lanes, par, tok = _load_tree(tok_ptr, par_ptr, b, n, stride_kb, stride_kn, stride_pb, stride_pn, BLOCK_N)
+    table = table_ptr + b * stride_table
+    seed_b, row_key, offset = row_stream(seeds_ptr, offsets_ptr, b, seed, stride_s, stride_o, RANDOM, HAS_OFFSETS)
+
+    out_vec, nodes_vec, cur, level, alive = _start_walk(lanes, BLOCK_N)
+    while alive:
+        p_row = target_ptr + b * stride_tb + cur * stride_tn
+        q_row = draft_ptr + b * stride_qb + cur * stride_qn  # the one q all of cur's children came from
+        total = tl.full((), 0, tl.int64)  # S after the last rejection, meaningful once rank > 0
+        q_left = tl.full((), 0, tl.int64)  # T' = sum of Q off the rejected tokens, once rank > 0
+        rank = tl.full((), 0, tl.int64)  # real siblings rejected so far
+        accepted = tl.full((), -1, tl.int64)
+        child = tl.where(level < max_depth, _next_child(par, lanes, cur, cur, n), n)
+        while child < n:
+            x = tl.sum(tl.where(lanes == child, tok, 0), axis=0)
+            in_range = (x >= 0) & (x < vocab)
+            safe_x = tl.where(in_range, x, 0)  # never address outside the row
+            p_x = tl.load(p_row + safe_x, mask=in_range, other=0.0).to(tl.float32)
+            q_x = tl.load(q_row + safe_x, mask=in_range, other=0.0).to(tl.float32)
+            q_weight_x = to_weights(q_x)
+            rejected_toks = tl.load(table + lanes, mask=lanes < rank, other=-1)
+            repeated = tl.max(((rejected_toks == x) & (lanes < rank)).to(tl.int32), axis=0) > 0
+            if in_range & (q_weight_x > 0) & ~repeated:  # else q_j could not have drawn x: skipped
+                u = _accept_uniform(uniforms_ptr, b, child, stride_ub, stride_un, seed_b, row_key, offset, level,
+                                    rank, RANDOM)
+                accept = u * q_x.to(tl.float64) < p_x.to(tl.float64)
+                scale = tl.full((), 0.0, tl.float64)
+                if rank > 0:
+                    accept, scale = _wr_test_later(p_x, q_x, q_weight_x, u, table, n, rank, total, q_left, lanes)
+                if accept:
+                    accepted = child
+                    child = tl.full((), 0, tl.int64) + n  # stop trying siblings
+                else:
+                    # every thread is done with the table's earlier entries before one is
+                    # rewritten; the entries are stored before the pass reads them
+                    tl.debug_barrier()
+                    tl.store(table + rank, x)
+                    tl.store(table + n + rank, scale.to(tl.int64, bitcast=True))
+                    tl.debug_barrier()
+                    total, q_total = _wr_totals(p_row, q_row, table, n, rank + 1, vocab, BLOCK_V)
+                    q_left = tl.where(rank == 0, q_total, q_left) - q_weight_x
+                    rank += 1
+                    child = _next_child(par, lanes, cur, child, n)
+            else:
+                child = _next_child(par, lanes, cur, child, n)
+        moving = accepted >= 0
+        if moving:
+            out_vec, nodes_vec = _descend(out_vec, nodes_vec, tok, lanes, accepted, level)
+            cur = accepted
+            level += 1
+        else:
+            u_final = _final_uniform(uniforms_ptr, b, stride_ub, seed_b, row_key, offset, level, RANDOM)
+            if (rank > 0) & (total > 0):
+                final = _wr_draw(p_row, q_row, table, n, rank, draw_threshold(u_final, total), vocab, BLOCK_V)
+                final = tl.minimum(final, vocab - 1)  # threshold < S: only guards the id range
+            else:
+                final = _draw_from_p(p_row, u_final, vocab, BLOCK_V)
             out_vec = tl.where(lanes == level, final, out_vec)
         alive = moving
     tl.store(num_acc_ptr + b, level)
@@ -465,7 +641,7 @@ def rejection_plan(batch: int, n: int, vocab: int) -> dict:
 
 
 def _launch_rejection(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None, seed=None,
-                      offsets=None, block_v: int = BLOCK_V):
+                      offsets=None, siblings: str = "independent", block_v: int = BLOCK_V):
     batch, n = tree_tokens.shape
     vocab = target_probs.shape[-1]
     device = tree_tokens.device
@@ -481,8 +657,9 @@ def _launch_rejection(target_probs, draft_probs, tree_tokens, parents, *, max_de
     uniforms_t = placeholder if uniforms is None else uniforms
     seeds_t = placeholder if seeds is None else seeds
     offsets_t = offsets if has_offsets else placeholder
+    kernel = _tree_rejection_wr_kernel if siblings == "without_replacement" else _tree_rejection_kernel
     with device_scope(device):
-        _tree_rejection_kernel[plan["grid"]](
+        kernel[plan["grid"]](
             target_probs, draft_probs, tree_tokens, parents, uniforms_t, seeds_t, offsets_t, table,
             out_tokens, num_accepted, accepted_nodes, seed_int, n, vocab, max_depth,
             target_probs.stride(0), target_probs.stride(1), draft_probs.stride(0), draft_probs.stride(1),
@@ -501,10 +678,10 @@ def tree_greedy_verify(target_logits, tree_tokens, parents, *, max_depth: int):
 
 
 def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None,
-                          seed=None, offsets=None):
+                          seed=None, offsets=None, siblings: str = "independent"):
     """Triton `tree_rejection_sample` on validated inputs (see specdec_kernels.ops.tree_rejection_sample)."""
     return _launch_rejection(target_probs, draft_probs, tree_tokens, parents, max_depth=max_depth,
-                             uniforms=uniforms, seed=seed, offsets=offsets)
+                             uniforms=uniforms, seed=seed, offsets=offsets, siblings=siblings)
 
 
 register("tree_greedy_verify", "triton", tree_greedy_verify)

@@ -9,7 +9,8 @@ deployment by surprise. With it, two module attributes of `vllm.v1.sample.reject
 (the ones `RejectionSampler.forward` calls) are replaced:
 
 - `rejection_sample`: verification of the drafts by `ops.greedy_verify` (greedy rows) and
-  `ops.rejection_sample` (random rows; see `sampler.py`);
+  `ops.rejection_sample`, or `ops.block_verify` with SPECDEC_KERNELS_VLLM_VERIFICATION=block
+  (random rows; see `sampler.py`);
 - `expand_batch_to_tokens`: a torch version, because the CPU build's kernel leaves its output
   uninitialised, so sampled speculative decoding divided the logits by garbage.
 
@@ -18,7 +19,10 @@ vLLM's. On a vLLM whose interface we have not checked, `register()` logs a warni
 changes nothing. Registering again is a no-op.
 
 Environment: SPECDEC_KERNELS_VLLM=1 (turn on), SPECDEC_KERNELS_VLLM_BACKEND (our op backend,
-default "auto"), SPECDEC_KERNELS_VLLM_STATS=<folder> (each process writes what our ops did).
+default "auto"), SPECDEC_KERNELS_VLLM_VERIFICATION ("token", the default: vLLM's own rule, or
+"block": block verification of random rows, lossless and accepting at least as much; any other
+value makes `register()` raise ValueError, so vLLM does not start with a setting it would
+ignore), SPECDEC_KERNELS_VLLM_STATS=<folder> (each process writes what our ops did).
 """
 
 import inspect
@@ -68,6 +72,7 @@ def register() -> bool:
     """The `vllm.general_plugins` entry point. Returns True if vLLM now verifies with our ops."""
     if os.environ.get(ENABLE_ENV, "0") != "1":
         return False
+    verification = sampler.verification()  # a wrong value is the user's error: raise before touching vLLM
     import importlib
 
     import vllm
@@ -93,8 +98,9 @@ def register() -> bool:
     module.expand_batch_to_tokens = sampler.expand_batch_to_tokens
     setattr(module, _PATCHED, originals)
     log.info("specdec_kernels %s replaced vLLM's rejection sampling (%s.rejection_sample: greedy_verify, "
-             "rejection_sample; expand_batch_to_tokens) in process %d, backend=%s",
-             _version(), MODULE, os.getpid(), sampler._backend())
+             "%s; expand_batch_to_tokens) in process %d, backend=%s, verification=%s",
+             _version(), MODULE, "block_verify" if verification == "block" else "rejection_sample", os.getpid(),
+             sampler._backend(), verification)
     _warn_if_model_runner_v2(log)
     return True
 

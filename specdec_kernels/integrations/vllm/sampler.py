@@ -30,10 +30,13 @@ GREEDY_TEMPERATURE = 0  # vLLM marks greedy requests with temperature 0 (checked
 _INT64 = torch.iinfo(torch.int64)
 
 # What our ops did in this process (the proof, in tests, that the worker verified with them).
-STATS = {"calls": 0, "greedy_rows": 0, "random_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
+# block_rows: random rows verified by block verification (the rest of random_rows: token-wise).
+STATS = {"calls": 0, "greedy_rows": 0, "random_rows": 0, "block_rows": 0, "draft_tokens": 0, "accepted_tokens": 0,
          "calls_with_drafts": 0, "one_hot_calls": 0, "seeded_rows": 0}
 STATS_DIR_ENV = "SPECDEC_KERNELS_VLLM_STATS"
 BACKEND_ENV = "SPECDEC_KERNELS_VLLM_BACKEND"
+VERIFICATION_ENV = "SPECDEC_KERNELS_VLLM_VERIFICATION"
+VERIFICATIONS = ("token", "block")  # the first is the default
 
 
 def expand_batch_to_tokens(x: Tensor, cu_num_tokens: Tensor, num_tokens: int, replace_from: int = 0,
@@ -53,6 +56,19 @@ def expand_batch_to_tokens(x: Tensor, cu_num_tokens: Tensor, num_tokens: int, re
 
 def _backend() -> str:
     return os.environ.get(BACKEND_ENV, "auto")
+
+
+def verification() -> str:
+    """How random rows are verified, from SPECDEC_KERNELS_VLLM_VERIFICATION: "token" (unset or
+    empty: the default; `ops.rejection_sample`, vLLM's own rule) or "block" (`ops.block_verify`,
+    Sun et al.'s block verification: the same target distribution, at least as many accepted
+    drafts in expectation). Any other value raises ValueError; `register()` calls this first, so
+    a misspelt value stops vLLM at start-up instead of silently verifying token by token."""
+    value = os.environ.get(VERIFICATION_ENV) or VERIFICATIONS[0]
+    if value not in VERIFICATIONS:
+        raise ValueError(f"{VERIFICATION_ENV}={value!r} is not one of {', '.join(VERIFICATIONS)} "
+                         f"(default {VERIFICATIONS[0]})")
+    return value
 
 
 def _pack(draft_token_ids: Tensor, num_draft_tokens: list[int], max_spec_len: int, cu_num_draft_tokens: Tensor,
@@ -119,7 +135,8 @@ def _request_seeds(batch: int, num_draft_tokens: list[int], generators: dict, de
     return seeds
 
 
-def _record(num_draft_tokens: list[int], draft_probs, sampling_metadata, is_greedy, accepted: Tensor) -> None:
+def _record(num_draft_tokens: list[int], draft_probs, sampling_metadata, is_greedy, accepted: Tensor,
+            block: bool) -> None:
     """Count what our ops did, only when SPECDEC_KERNELS_VLLM_STATS names a folder (the counts
     cost host syncs). One file per process: the engine's worker is not the test's process."""
     directory = os.environ.get(STATS_DIR_ENV)
@@ -128,6 +145,7 @@ def _record(num_draft_tokens: list[int], draft_probs, sampling_metadata, is_gree
     batch = len(num_draft_tokens)
     num_greedy = batch if is_greedy is True else (0 if is_greedy is False else int(is_greedy.sum()))
     for key, value in {"calls": 1, "greedy_rows": num_greedy, "random_rows": batch - num_greedy,
+                       "block_rows": (batch - num_greedy) if block else 0,
                        "draft_tokens": int(sum(num_draft_tokens)), "calls_with_drafts": int(sum(num_draft_tokens) > 0),
                        # calls that had drafts but no draft probabilities (n-gram, greedy drafting)
                        "one_hot_calls": int(draft_probs is None and sum(num_draft_tokens) > 0),
@@ -148,10 +166,11 @@ def rejection_sample(draft_token_ids: Tensor, num_draft_tokens: list[int], max_s
     """vLLM's `rejection_sample` (vllm/v1/sample/rejection_sampler.py, 0.32) on our ops.
 
     Greedy rows (temperature 0) go through `ops.greedy_verify` on the target logits; random
-    rows through `ops.rejection_sample` on softmax(target_logits), which vLLM has already
+    rows through `ops.rejection_sample` (or `ops.block_verify` with
+    SPECDEC_KERNELS_VLLM_VERIFICATION=block) on softmax(target_logits), which vLLM has already
     divided by the temperature and masked with top-k/top-p (`apply_sampling_constraints`).
-    Drafts without probabilities (n-gram) count as one-hot draft distributions. Synthetic
-    acceptance (a benchmarking mode that ignores the models) stays vLLM's own.
+    Drafts without probabilities (n-gram) count as one-hot draft distributions, for both rules.
+    Synthetic acceptance (a benchmarking mode that ignores the models) stays vLLM's own.
 
     A -1 draft (vLLM's padding for drafts that structured output rejected; any id outside
     [0, V) likewise) is a rejected draft, as in vLLM's Triton kernels: never accepted, the row
@@ -169,6 +188,7 @@ def rejection_sample(draft_token_ids: Tensor, num_draft_tokens: list[int], max_s
     vocab = target_logits.shape[-1]
     device = target_logits.device
     backend = _backend()
+    block = verification() == "block"
     flat, valid, counts, drafts = _pack(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, vocab)
     bonus = bonus_token_ids.reshape(batch)
     all_greedy, all_random = bool(sampling_metadata.all_greedy), bool(sampling_metadata.all_random)
@@ -186,8 +206,9 @@ def rejection_sample(draft_token_ids: Tensor, num_draft_tokens: list[int], max_s
         else:
             q = torch.where(valid.unsqueeze(-1), draft_probs.to(torch.float32)[flat], 0.0)
         seeds = _request_seeds(batch, num_draft_tokens, sampling_metadata.generators, device)
-        random_out, random_accepted = ops.rejection_sample(target_probs, q, drafts, seed=seeds,
-                                                           num_draft_tokens=counts, backend=backend)
+        verify = ops.block_verify if block else ops.rejection_sample  # same layout, same seeds
+        random_out, random_accepted = verify(target_probs, q, drafts, seed=seeds, num_draft_tokens=counts,
+                                             backend=backend)
 
     if random_out is None:
         out, accepted = greedy_out, greedy_accepted
@@ -202,5 +223,5 @@ def rejection_sample(draft_token_ids: Tensor, num_draft_tokens: list[int], max_s
     at_bonus = torch.arange(max_spec_len + 1, device=device).unsqueeze(0) == counts.unsqueeze(1)
     out = torch.where(all_accepted & at_bonus, bonus.to(out.dtype).unsqueeze(1), out)
     _record(num_draft_tokens, draft_probs, sampling_metadata,
-            True if all_greedy else (False if all_random else is_greedy), accepted)
+            True if all_greedy else (False if all_random else is_greedy), accepted, block)
     return out.to(torch.int32)

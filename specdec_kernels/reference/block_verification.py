@@ -33,7 +33,9 @@ Arithmetic, fixed so that every backend can reproduce it bit for bit:
     Z(j) is the exact int64 sum of these weights times 2^-40, so no reduction order matters.
   * h_i = Z / (Z + (1 - p_i)) in float64; a zero denominator (Z = 0 and p_i = 1) gives 1.
     The acceptance test is strict, eta_i < h_i (the paper writes <=: the same law for a
-    continuous eta), so h = 0 never accepts and h = 1 always does for eta in [0, 1).
+    continuous eta), so h = 0 never accepts and h = 1 always does for eta in [0, 1); it also
+    needs p_i > 0 (the same law: p_i = 0 gives h_i = 0), so a caller's coin outside [0, 1)
+    never keeps a slot past n_b or an invalid draft.
   * Y: the inverse-CDF draw of `_sampling.sample_with_fallback` on those weights, falling
     back to Mb(. | X^tau) when the residual is empty and to the row's lowest index when that
     is empty too (NaN, inf or all-zero rows), so ids are always in [0, V).
@@ -46,83 +48,7 @@ draft id (-1 padding or outside [0, V)) gives p_i = 0, so no prefix containing i
 import torch
 
 from ._sampling import WEIGHT_SCALE, as_int64, gather_token_values, sample_with_fallback, to_weights
-from .chain_verify import Coins, draft_mask, emit, row_at
-
-OP = "block_verify"
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-INDEX_DTYPES = (torch.int64, torch.int32)
-
-
-# ---------------------------------------------------------------- input checks
-
-def _fail(message: str, error=ValueError):
-    raise error(f"{OP}: {message}")
-
-
-def _dtype_names(dtypes) -> str:
-    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
-
-
-def _tensor(name: str, x, shape: tuple, dtypes, device=None) -> torch.Tensor:
-    """Check a tensor argument; `shape` entries are an int to match or a str naming a free dim."""
-    if not isinstance(x, torch.Tensor):
-        _fail(f"`{name}` must be a torch.Tensor (got {type(x).__name__})", TypeError)
-    if x.dim() != len(shape) or any(not isinstance(s, str) and x.shape[i] != s for i, s in enumerate(shape)):
-        expected = "[" + ", ".join(str(s) for s in shape) + "]"
-        _fail(f"`{name}` must have shape {expected} (got {list(x.shape)})")
-    if x.dtype not in dtypes:
-        _fail(f"`{name}` must have dtype {_dtype_names(dtypes)} (got {str(x.dtype).replace('torch.', '')})", TypeError)
-    if device is not None and x.device != device:
-        _fail(f"`{name}` must be on {device}, like `draft_tokens` (got {x.device})")
-    return x
-
-
-def _can_inspect(x: torch.Tensor) -> bool:
-    """Value checks only for CPU tensors outside torch.compile (never a GPU sync)."""
-    return x.device.type == "cpu" and not torch.compiler.is_compiling()
-
-
-def check_inputs(target_probs, draft_probs, draft_tokens, uniforms, seed, offsets, num_draft_tokens) -> None:
-    """Raise a one-line ValueError/TypeError naming the argument for any malformed input."""
-    _tensor("draft_tokens", draft_tokens, ("B", "g"), INDEX_DTYPES)
-    batch, g = draft_tokens.shape
-    device = draft_tokens.device
-    _tensor("target_probs", target_probs, (batch, g + 1, "V"), FLOAT_DTYPES, device)
-    vocab = target_probs.shape[-1]
-    if vocab == 0:
-        _fail("`target_probs` has an empty vocabulary dimension")
-    _tensor("draft_probs", draft_probs, (batch, g, vocab), FLOAT_DTYPES, device)
-    if draft_probs.dtype != target_probs.dtype:
-        _fail(f"`target_probs` and `draft_probs` must share one dtype (got {target_probs.dtype} and "
-              f"{draft_probs.dtype})", TypeError)
-    if _can_inspect(draft_tokens) and draft_tokens.numel():
-        low, high = int(draft_tokens.min()), int(draft_tokens.max())
-        if low < -1 or high >= vocab:
-            _fail(f"`draft_tokens` holds ids outside [-1, {vocab}) (min {low}, max {high})")
-    if num_draft_tokens is not None:
-        _tensor("num_draft_tokens", num_draft_tokens, (batch,), INDEX_DTYPES, device)
-        if _can_inspect(num_draft_tokens) and batch:
-            low, high = int(num_draft_tokens.min()), int(num_draft_tokens.max())
-            if low < 0 or high > g:
-                _fail(f"`num_draft_tokens` must lie in [0, {g}] (got min {low}, max {high})")
-    if (uniforms is None) == (seed is None):
-        _fail("pass exactly one of `uniforms` (caller-supplied randomness) and `seed`")
-    if uniforms is not None:
-        _tensor("uniforms", uniforms, (batch, g + 1), (torch.float32, torch.float64), device)
-        if _can_inspect(uniforms) and uniforms.numel() and not bool(((uniforms >= 0) & (uniforms < 1)).all()):
-            _fail("`uniforms` must lie in [0, 1) (no NaN)")
-        if offsets is not None:
-            _fail("`offsets` only applies to seeded mode (`seed=`)")
-    elif isinstance(seed, torch.Tensor):
-        _tensor("seed", seed, (batch,), INDEX_DTYPES, device)
-    elif isinstance(seed, bool) or not isinstance(seed, int):
-        _fail(f"`seed` must be an int or an int64/int32 tensor [B] of per-request seeds (got {type(seed).__name__})",
-              TypeError)
-    elif not -(2**63) <= seed < 2**63:
-        _fail(f"`seed` must fit in a signed 64-bit integer (got {seed})")
-    if offsets is not None:
-        _tensor("offsets", offsets, (batch,), INDEX_DTYPES, device)
-
+from .chain_verify import Coins, draft_mask, emit, row_at, tempered_softmax
 
 # ---------------------------------------------------------------- the algorithm's pieces
 
@@ -180,6 +106,7 @@ def acceptance_thresholds(p_cum, masses, num_drafts) -> torch.Tensor:
 def block_verify(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None, offsets=None,
                  num_draft_tokens=None):
     """Block verification (Sun et al. 2025, Algorithm 2): lossless, >= token-wise acceptance.
+    Takes validated inputs (the checks live in ops.block_verify).
 
     Args:
         target_probs: [B, g+1, V] float32/float16/bfloat16: the target's distributions at the
@@ -197,7 +124,6 @@ def block_verify(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed
         output_tokens [B, g+1] int64 (X_1..X_tau, Y, then -1 padding), num_accepted [B] int64
         (= tau).
     """
-    check_inputs(target_probs, draft_probs, draft_tokens, uniforms, seed, offsets, num_draft_tokens)
     draft_tokens, num_draft_tokens = as_int64(draft_tokens), as_int64(num_draft_tokens)
     batch, g = draft_tokens.shape
     device = draft_tokens.device
@@ -207,7 +133,9 @@ def block_verify(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed
 
     p_cum = prefix_ratios(target_probs, draft_probs, draft_tokens, exists)
     h = acceptance_thresholds(p_cum, residual_masses(p_cum, target_probs, draft_probs), num_drafts)
-    passed = coins.accept < h  # strict: h = 0 never passes, h = 1 always does
+    # strict: h = 0 never passes, h = 1 always does; p_i > 0 also holds a coin outside [0, 1) (no backend
+    # can inspect caller uniforms on a GPU) from keeping a slot past n_b, an invalid draft or a p = 0 prefix
+    passed = (coins.accept < h) & (p_cum[:, 1:] > 0)
     index = torch.arange(1, g + 1, device=device).unsqueeze(0)
     tau = (passed.to(torch.int64) * index).amax(dim=1) if g else torch.zeros(batch, dtype=torch.int64, device=device)
     accept = index <= tau.unsqueeze(1)  # the prefix X_1..X_tau
@@ -225,3 +153,14 @@ def block_verify(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed
         return sample_with_fallback(torch.where(bonus, plain, residual), plain, u)
 
     return emit(accept, draft_tokens, final_token)
+
+
+def block_verify_logits(target_logits, draft_logits, draft_tokens, *, temperature=1.0, uniforms=None, seed=None,
+                        offsets=None, num_draft_tokens=None):
+    """block_verify on softmax(logits / temperature) computed in float32 (as rejection_sample_logits).
+
+    temperature: a float, or a float32 tensor [B] of per-row temperatures.
+    """
+    target_probs, draft_probs = tempered_softmax(target_logits, temperature), tempered_softmax(draft_logits, temperature)
+    return block_verify(target_probs, draft_probs, draft_tokens, uniforms=uniforms, seed=seed, offsets=offsets,
+                        num_draft_tokens=num_draft_tokens)

@@ -1,0 +1,332 @@
+#pragma once
+// Device pieces shared by the split-V sampling kernels (rejection_sample.cu, block_verify.cu):
+// block-wide int64 sums and scans, fixed-point weights of 16-byte slots, the inverse-CDF
+// search over one V-chunk, and the partial / merged softmax statistics of the logits
+// variants. Every kernel that uses them runs kThreads threads per block.
+//
+// Weights: w_p = to_weight(P(x)) and, where a draft row q_row is given, the residual weight
+// w_r = resid(P(x), Q(x)) (a functor of the caller: rejection sampling's to_weight(P - Q),
+// block verification's scaled residual). Without q_row, w_r is 0 and a search walks w_p.
+// All sums are exact int64, so any split of V gives the same totals and the same draw.
+
+#include <cstdint>
+
+#include "common.cuh"
+#include "philox.cuh"
+
+namespace specdec {
+namespace split_v {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Token ids stay in [0, V) whatever happened upstream.
+__device__ __forceinline__ int64_t clamp_token(long long token, int V) {
+  return token < 0 ? 0 : (token >= V ? V - 1 : token);
+}
+
+// ---------------------------------------------------------------------------------------
+// Block primitives (kThreads threads; every thread must call them; they end with a barrier
+// so their shared scratch can be reused immediately)
+// ---------------------------------------------------------------------------------------
+
+// Sums of a and b over the block, returned to every thread.
+__device__ __forceinline__ void block_sum2(long long& a, long long& b, long long (*scratch)[2]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    a += __shfl_xor_sync(0xFFFFFFFFu, a, off);
+    b += __shfl_xor_sync(0xFFFFFFFFu, b, off);
+  }
+  if (lane == 0) {
+    scratch[warp][0] = a;
+    scratch[warp][1] = b;
+  }
+  __syncthreads();
+  a = 0;
+  b = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    a += scratch[w][0];
+    b += scratch[w][1];
+  }
+  __syncthreads();
+}
+
+// Sums of the `splits` chunk totals of one row (.x residual, .y plain) to every thread; L2
+// reads: other blocks wrote them.
+__device__ __forceinline__ void block_sum_chunk_totals(const longlong2* chunk_totals, int splits, long long& total_r,
+                                                       long long& total_p, long long (*scratch)[2]) {
+  total_r = 0;
+  total_p = 0;
+  for (int k = threadIdx.x; k < splits; k += kThreads) {
+    const longlong2 t = __ldcg(&chunk_totals[k]);
+    total_r += t.x;
+    total_p += t.y;
+  }
+  block_sum2(total_r, total_p, scratch);
+}
+
+// Exclusive prefix sum of v in thread order; `total` gets the block sum (every thread).
+__device__ __forceinline__ long long block_exclusive_scan(long long v, long long* scratch, long long& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  long long x = v;  // inclusive scan within the warp
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const long long y = __shfl_up_sync(0xFFFFFFFFu, x, off);
+    if (lane >= off) x += y;
+  }
+  if (lane == 31) scratch[warp] = x;
+  __syncthreads();
+  long long before = 0, sum = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const long long t = scratch[w];
+    if (w < warp) before += t;
+    sum += t;
+  }
+  __syncthreads();
+  total = sum;
+  return before + x - v;
+}
+
+// ---------------------------------------------------------------------------------------
+// Probability transforms: what a loaded element x means as a probability
+// ---------------------------------------------------------------------------------------
+
+// The probability kernels: the loaded value itself.
+struct Identity {
+  __device__ __forceinline__ float operator()(float x) const { return x; }
+};
+
+// One softmax row: P(x) = exp(x / t - m) / s, fp32, as torch.softmax(x.float() / t).
+struct SoftmaxProb {
+  float t, m, s;
+  __device__ __forceinline__ float operator()(float x) const { return expf(x / t - m) / s; }
+};
+
+// ---------------------------------------------------------------------------------------
+// Fixed-point weights of K = 16 / sizeof(T) consecutive elements
+// ---------------------------------------------------------------------------------------
+
+// The K elements [i, i + K) of `row` widened to fp32; elements at or past `end` are not read
+// (0). `vec`: row + i is 16-byte aligned (uniform per row: slot starts are multiples of 8
+// elements from a chunk start that is one too).
+template <typename T>
+__device__ __forceinline__ void load_values(const T* row, int64_t i, int64_t end, bool vec,
+                                            float (&x)[Vec16<T>::kElems]) {
+  constexpr int K = Vec16<T>::kElems;
+  if (vec && i + K <= end) {
+    load_vec16(row + i, x);
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k) x[k] = i + k < end ? to_float(row[i + k]) : 0.0f;
+  }
+}
+
+// For the elements [i, i + K) of a row: w_p = to_weight(P) and w_r = resid(P, Q) when q_row
+// is not null (else 0), with P = prob_p(p_row[i]), Q = prob_q(q_row[i]). Elements at or past
+// `end` are not read and weigh 0. `vec`: p_row + i and q_row + i are 16-byte aligned.
+template <typename T, typename Prob, typename Resid>
+__device__ __forceinline__ void load_weights(const T* p_row, const T* q_row, int64_t i, int64_t end, bool vec,
+                                             const Prob& prob_p, const Prob& prob_q, const Resid& resid,
+                                             int64_t (&w_r)[Vec16<T>::kElems], int64_t (&w_p)[Vec16<T>::kElems]) {
+  constexpr int K = Vec16<T>::kElems;
+  float p[K], q[K] = {};
+  load_values(p_row, i, end, vec, p);
+  if (q_row != nullptr) load_values(q_row, i, end, vec, q);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const bool in = i + k < end;
+    const float pp = prob_p(p[k]);
+    w_p[k] = in ? to_weight(pp) : 0;
+    w_r[k] = in && q_row != nullptr ? resid(pp, prob_q(q[k])) : 0;
+  }
+}
+
+// Per-thread sums of w_r and w_p over [start, end); slots of K elements are dealt to the
+// threads round-robin (the order does not matter: integer sums).
+template <typename T, typename Prob, typename Resid>
+__device__ __forceinline__ void thread_weight_sums(const T* p_row, const T* q_row, int64_t start, int64_t end,
+                                                   bool vec, const Prob& prob_p, const Prob& prob_q,
+                                                   const Resid& resid, long long& sum_r, long long& sum_p) {
+  constexpr int K = Vec16<T>::kElems;
+  const int64_t slots = (end - start + K - 1) / K;
+#pragma unroll 4  // independent iterations: lets the loads of several slots be in flight at once
+  for (int64_t s = threadIdx.x; s < slots; s += kThreads) {
+    int64_t w_r[K], w_p[K];
+    load_weights(p_row, q_row, start + s * K, end, vec, prob_p, prob_q, resid, w_r, w_p);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      sum_r += w_r[k];
+      sum_p += w_p[k];
+    }
+  }
+}
+
+// Inverse-CDF search in [start, end): the first index whose cumulative weight carry +
+// sum(w[start..index]) exceeds `threshold`, w = the residual weights when q_row is not null,
+// else P's plain weights. Requires carry <= threshold. Returns that index to every thread, or
+// -1 when the cumulative weight of the range never exceeds threshold. Slots are dealt in
+// index order (tile-major, then thread, then element), so the block scan walks the row in
+// index order; it stops after the tile that crosses the threshold.
+template <typename T, typename Prob, typename Resid>
+__device__ __forceinline__ int64_t block_find_crossing(const T* p_row, const T* q_row, int64_t start, int64_t end,
+                                                       bool vec, const Prob& prob_p, const Prob& prob_q,
+                                                       const Resid& resid, int64_t threshold, long long carry,
+                                                       long long* scan_scratch, long long* s_found) {
+  constexpr int K = Vec16<T>::kElems;
+  if (threadIdx.x == 0) *s_found = -1;  // ordered before any owner's write by the scan's barriers
+  const int64_t slots = (end - start + K - 1) / K;
+  for (int64_t tile = 0; tile < slots; tile += kThreads) {  // uniform trip count
+    const int64_t i = start + (tile + threadIdx.x) * K;     // >= end for idle threads: weights 0
+    int64_t w_r[K], w_p[K];
+    load_weights(p_row, q_row, i, end, vec, prob_p, prob_q, resid, w_r, w_p);
+    long long local = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) local += q_row != nullptr ? w_r[k] : w_p[k];
+    long long tile_total;
+    long long cum = carry + block_exclusive_scan(local, scan_scratch, tile_total);
+    // Cumulative weights never decrease, so exactly one thread owns the crossing (if any).
+    if (cum <= threshold && threshold < cum + local) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        cum += q_row != nullptr ? w_r[k] : w_p[k];
+        if (cum > threshold) {
+          *s_found = i + k;
+          break;
+        }
+      }
+    }
+    carry += tile_total;  // identical in every thread
+    if (carry > threshold) break;
+  }
+  __syncthreads();
+  const long long found = *s_found;
+  __syncthreads();  // nobody resets *s_found before everyone has read it
+  return found;
+}
+
+// The V-chunk whose cumulative range of chunk totals (.x residual when use_r, else .y) holds
+// `threshold` (in [0, total)), scanned in chunk order; returns it to every thread (-1 when
+// none) with `base` = the cumulative weight of the chunks before it.
+__device__ __forceinline__ long long block_find_chunk(const longlong2* chunk_totals, int splits, bool use_r,
+                                                      long long threshold, long long* scan_scratch,
+                                                      long long* s_chunk, long long* s_base, long long& base) {
+  if (threadIdx.x == 0) *s_chunk = -1;
+  long long carry = 0;
+  for (int k0 = 0; k0 < splits; k0 += kThreads) {  // uniform trip count
+    const int k = k0 + static_cast<int>(threadIdx.x);
+    long long v = 0;
+    if (k < splits) {
+      const longlong2 t = __ldcg(&chunk_totals[k]);  // written by other blocks: L2
+      v = use_r ? t.x : t.y;
+    }
+    long long tile_total;
+    const long long cum = carry + block_exclusive_scan(v, scan_scratch, tile_total);
+    if (cum <= threshold && threshold < cum + v) {  // exactly one owner
+      *s_chunk = k;
+      *s_base = cum;
+    }
+    carry += tile_total;
+    if (carry > threshold) break;
+  }
+  __syncthreads();
+  base = *s_base;
+  return *s_chunk;
+}
+
+// ---------------------------------------------------------------------------------------
+// Softmax statistics of the logits variants: (max m, sum s of exp(x/t - m)) per V-chunk,
+// then merged per row in a fixed order, so the result depends only on the data
+// ---------------------------------------------------------------------------------------
+
+// Rows of a (B, 2G+1) statistics layout a batch row with n drafts uses: target rows 0..n
+// (r <= G), draft rows 0..n-1 (r = G + 1 + j).
+__device__ __forceinline__ bool logits_row_needed(int r, int n, int G) { return r <= G ? r <= n : r - G - 1 < n; }
+
+// This thread's online (m, s) over its slots of row[start, end) / t; `bad` on a NaN or +inf
+// (torch's whole softmax row is NaN then).
+template <typename T>
+__device__ __forceinline__ void thread_softmax_partial(const T* row, int64_t start, int64_t end, bool vec, float t,
+                                                       float& m, float& s, bool& bad) {
+  constexpr int K = Vec16<T>::kElems;
+  m = -INFINITY;
+  s = 0.0f;
+  bad = false;
+  const int64_t slots = (end - start + K - 1) / K;
+  for (int64_t slot = threadIdx.x; slot < slots; slot += kThreads) {
+    const int64_t i = start + slot * K;
+    float x[K];
+    load_values(row, i, end, vec, x);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (i + k >= end) continue;
+      const float y = x[k] / t;
+      if (isnan(y) || y == INFINITY) {
+        bad = true;
+      } else if (y > m) {
+        s = s * expf(m - y) + 1.0f;  // m == -inf: 0 * 0 + 1
+        m = y;
+      } else if (y > -INFINITY) {
+        s += expf(y - m);
+      }
+    }
+  }
+}
+
+// Block reduction of per-thread softmax partials (m, s, bad) to the chunk's (m, s); every
+// thread gets the result; bad -> m = NaN.
+__device__ __forceinline__ float2 block_softmax_stats(float m, float s, bool bad, float* scratch_m,
+                                                      float* scratch_s) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  bad = __syncthreads_or(bad) != 0;
+  float mm = m;  // never NaN: NaN/+inf inputs only set `bad`
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xFFFFFFFFu, mm, off));
+  if (lane == 0) scratch_m[warp] = mm;
+  __syncthreads();
+  float M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, scratch_m[w]);
+  float c = m == -INFINITY ? 0.0f : s * expf(m - M);  // M >= m; a thread with no finite x adds 0
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) c += __shfl_xor_sync(0xFFFFFFFFu, c, off);
+  if (lane == 0) scratch_s[warp] = c;
+  __syncthreads();
+  float S = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) S += scratch_s[w];
+  __syncthreads();
+  return make_float2(bad ? NAN : M, S);
+}
+
+// One warp merges the `splits` chunk partials of a row (L2 reads: other blocks wrote them);
+// every lane gets (M, S), or (NaN, NaN) when any chunk was bad or the row has no finite logit
+// (torch's softmax row is all NaN then).
+__device__ __forceinline__ float2 warp_merge_softmax(const float2* partials, int splits, int lane) {
+  bool bad = false;
+  float M = -INFINITY;
+  for (int k = lane; k < splits; k += 32) {
+    const float2 v = __ldcg(&partials[k]);
+    if (isnan(v.x)) bad = true; else M = fmaxf(M, v.x);
+  }
+  bad = __any_sync(0xFFFFFFFFu, bad);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xFFFFFFFFu, M, off));
+  float S = 0.0f;
+  if (!bad && M > -INFINITY) {  // warp-uniform
+    for (int k = lane; k < splits; k += 32) {
+      const float2 v = __ldcg(&partials[k]);
+      if (v.x > -INFINITY) S += v.y * expf(v.x - M);  // an all -inf chunk adds 0
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) S += __shfl_xor_sync(0xFFFFFFFFu, S, off);
+  }
+  return (bad || M == -INFINITY) ? make_float2(NAN, NAN) : make_float2(M, S);
+}
+
+}  // namespace split_v
+}  // namespace specdec

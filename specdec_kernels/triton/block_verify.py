@@ -1,0 +1,374 @@
+"""Triton backend of `block_verify` (Sun et al., Algorithm 2; the block kernel of the logits op too).
+
+One launch, grid (B * (g + 1), num_splits): program (row, split) owns one V-chunk of one
+position `pos` of batch row b (row = b * (g + 1) + pos). Positions past the row's n_b drafts
+exit at once and take no ticket. No host sync, no data-dependent allocation, no [B, V] scratch.
+
+1. Every live program redoes the row's cheap prefix scan (2 n_b gathered scalars): p_0 = 1,
+   p_i = min(1, p_{i-1} p(X_i) / q(X_i)) in float64, NaN -> 0, stored as float32.
+2. It sums over its chunk, in int64 fixed point (`_residual_weights`, `_fixed_point`), the
+   residual weights floor(clamp(p_pos p(x) - q(x), 0, 1) 2^40) (float64 arithmetic) and the
+   plain weights of p (the fallback); the bonus position pos = n_b stores p's sum twice and
+   never reads q. These are the chunk totals of Z(pos) -- every position is read once.
+3. It takes a ticket from row b's counter (`_tickets`, (n_b + 1) * num_splits tickets). The
+   last program (`_finish`) adds the chunk totals into Z(1..n_b-1), forms the thresholds
+   h_i = Z(i) / (Z(i) + 1 - p_i) (zero denominator -> 1), h_{n_b} = p_{n_b}, draws the coins
+   (caller uniforms, or Philox(seed, offsets[b] + i - 1, row key, SALT_ACCEPT)), takes
+   tau = the largest i with eta_i < h_i, and draws the final token from row tau's chunk
+   totals exactly as `rejection_sample` does: threshold floor(u * total), the chunk whose
+   running total crosses it, a rescan of that chunk alone (no second pass over V). An empty
+   residual draws from p, a row with no mass gives 0. Then it writes the outputs and zeroes
+   the counter.
+
+Everything is integer or exactly rounded (float64 products of two float32 values are exact, so
+an FMA gives the reference's bits; float64 division is IEEE div.rn on the GPU), and integer
+sums do not depend on the split, so the output equals `reference.block_verify` bit for bit for
+every dtype and split, for every input the op's validation admits. One deliberate difference,
+only for values it rejects where it can inspect them (a GPU call reaches the kernel unchecked):
+a coin passes only where p_i > 0, so a negative uniform never keeps a slot past n_b, a -1
+padding or an out-of-range id (the reference's `eta_i < h_i` alone passes h = 0 there, and
+then num_accepted > n_b or a kept -1, against the op's documented contract).
+
+LOGITS (constexpr, `block_verify_logits.py`): the same kernel on p = softmax(x / T) computed
+from per-chunk softmax statistics stored by a first launch; see that module for its contract.
+
+The split plan is `rejection_sample`'s over the B * (g + 1) rows (runtime ints, BLOCK_S sized
+for V's largest split count), so nothing recompiles as B or g move.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.registry import register
+from ..common.workspace import zeroed_counters
+from ._fixed_point import count_at_or_below, draw_threshold, to_weights
+from ._launch import chain_outputs, device_scope, grid_x_refusal, randomness_mode
+from ._philox import SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform, row_stream
+from ._tickets import last_ticket, reset_ticket
+from .rejection_sample import _split_plan
+from .rejection_sample_logits import _merge_stats, _pick, _prob
+
+BLOCK_V = 1024  # vocabulary elements per tile (power of two)
+MIN_TILES = 2  # smallest chunk in tiles: each program also redoes the prefix scan
+MAX_TILES = 8  # largest chunk in tiles: bounds the last program's rescan at large B
+TARGET_PROGRAMS = 4 * 132  # programs per launch worth aiming for at small B * (g + 1) (~4 per H100 SM)
+SCALE: tl.constexpr = tl.constexpr(1099511627776.0)  # 2^40, the fixed-point scale of `reference._sampling`
+INV_SCALE: tl.constexpr = tl.constexpr(9.094947017729282e-13)  # 2^-40, exact
+
+
+@triton.jit
+def _residual_weights(scale, p, q):
+    """int64 floor(clamp(scale * p - q, 0, 1) * 2^40) in float64 (scale float64 scalar, p and q
+    float32 tiles): reference `residual_weights`. NaN -> 0, +inf -> 1."""
+    r = scale * p.to(tl.float64) - q.to(tl.float64)  # the product is exact: FMA or not, same bits
+    r = tl.where(r != r, 0.0, r)  # NaN first: min/max NaN semantics differ across targets
+    r = tl.minimum(tl.maximum(r, 0.0), 1.0)
+    return (r * SCALE).to(tl.int64)  # exact scaling; r >= 0 so trunc == floor
+
+
+@triton.jit
+def _tile(p_row, q_row, offs, vocab, q_limit, temp, p_top, p_total, p_nan, q_top, q_total, q_nan,
+          LOGITS: tl.constexpr):
+    """float32 (p, q) of one tile: p over offs < vocab, q below q_limit only (0 elsewhere). With
+    LOGITS the rows hold logits: p = softmax from the row's (max, sum); p_nan / q_nan is NaN for a
+    row torch.softmax makes all NaN (its weights are then 0), else 0."""
+    in_v = offs < vocab
+    has_q = offs < q_limit  # a vector compare, not `mask & flag` (interpreter versions differ)
+    if LOGITS:
+        p = tl.where(in_v, _prob(tl.load(p_row + offs, mask=in_v, other=0.0), temp, p_top, p_total) + p_nan, 0.0)
+        q = tl.where(has_q, _prob(tl.load(q_row + offs, mask=has_q, other=0.0), temp, q_top, q_total) + q_nan, 0.0)
+    else:
+        p = tl.load(p_row + offs, mask=in_v, other=0.0).to(tl.float32)
+        q = tl.load(q_row + offs, mask=has_q, other=0.0).to(tl.float32)
+    return p, q
+
+
+@triton.jit
+def _chunk_sums(p_row, q_row, q_limit, scale, start, vocab, tiles, temp, p_top, p_total, p_nan, q_top, q_total,
+                q_nan, LOGITS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """(sum of residual weights, sum of p's weights) over the `tiles` tiles from `start`."""
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    sum_r = tl.full((), 0, tl.int64)
+    sum_p = tl.full((), 0, tl.int64)
+    for t in range(tiles):
+        offs = start + t * BLOCK_V + lanes
+        p, q = _tile(p_row, q_row, offs, vocab, q_limit, temp, p_top, p_total, p_nan, q_top, q_total, q_nan, LOGITS)
+        sum_r += tl.sum(_residual_weights(scale, p, q), axis=0)
+        sum_p += tl.sum(to_weights(p), axis=0)  # lanes past V weigh 0
+    return sum_r, sum_p
+
+
+@triton.jit
+def _chunk_crossing(p_row, q_row, plain, scale, start, carry, threshold, vocab, tiles, temp, p_top, p_total, p_nan,
+                    q_top, q_total, q_nan, LOGITS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """How many ids of the chunk from `start` have carry + their running weight <= threshold:
+    the drawn id's offset in the chunk. Weights of p alone when `plain`, else the residual."""
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    q_limit = tl.where(plain, 0, vocab)  # q is not read for plain p
+    count = tl.full((), 0, tl.int64)
+    for t in range(tiles):
+        offs = start + t * BLOCK_V + lanes
+        p, q = _tile(p_row, q_row, offs, vocab, q_limit, temp, p_top, p_total, p_nan, q_top, q_total, q_nan, LOGITS)
+        w = tl.where(plain, to_weights(p), _residual_weights(scale, p, q))
+        count += count_at_or_below(w, carry, threshold, offs < vocab)
+        carry += tl.sum(w, axis=0)
+    return count
+
+
+@triton.jit
+def _position_stats(stats_max_ptr, stats_sum_ptr, b, n, k, g, stat_splits, target_rows, LOGITS: tl.constexpr,
+                    BLOCK_SS: tl.constexpr):
+    """LOGITS: per position lane k the target row's (max, sum, usable) and the draft row's, merged
+    from the first launch's chunk statistics (only rows the batch row uses were written). Probs:
+    placeholders that nothing reads."""
+    if LOGITS:
+        t_max, t_sum, t_ok = _merge_stats(stats_max_ptr, stats_sum_ptr, b * (g + 1) + k, k <= n, stat_splits,
+                                          BLOCK_SS)
+        q_max, q_sum, q_ok = _merge_stats(stats_max_ptr, stats_sum_ptr, target_rows + b * g + k, k < n, stat_splits,
+                                          BLOCK_SS)
+    else:
+        t_max = tl.zeros(k.shape, tl.float32)
+        t_sum = t_max + 1.0
+        t_ok = k >= 0
+        q_max, q_sum, q_ok = t_max, t_sum, t_ok
+    return t_max, t_sum, t_ok, q_max, q_sum, q_ok
+
+
+@triton.jit
+def _gather(target_ptr, draft_ptr, draft_tok_ptr, b, n, k, vocab, temp, t_max, t_sum, t_ok, q_max, q_sum, q_ok,
+            stride_tb, stride_tp, stride_qb, stride_qp, stride_db, stride_dg, LOGITS: tl.constexpr):
+    """Per position lane k < n: the draft X_{k+1} (int64), float64 p(X_{k+1}) and q(X_{k+1}) (as
+    float32 values), and whether the draft exists and is in [0, V)."""
+    slot = k < n
+    tok = tl.load(draft_tok_ptr + b * stride_db + k * stride_dg, mask=slot, other=-1).to(tl.int64)
+    in_range = (tok >= 0) & (tok < vocab)
+    safe = tl.where(in_range, tok, 0)  # never address outside the row
+    lp = tl.load(target_ptr + b * stride_tb + k * stride_tp + safe, mask=slot & in_range, other=0.0)
+    lq = tl.load(draft_ptr + b * stride_qb + k * stride_qp + safe, mask=slot & in_range, other=0.0)
+    if LOGITS:
+        p_tok = tl.where(t_ok, _prob(lp, temp, t_max, t_sum), float("nan"))
+        q_tok = tl.where(q_ok, _prob(lq, temp, q_max, q_sum), float("nan"))
+    else:
+        p_tok = lp.to(tl.float32)
+        q_tok = lq.to(tl.float32)
+    return tok, p_tok.to(tl.float64), q_tok.to(tl.float64), slot & in_range
+
+
+@triton.jit
+def _prefix_ratios(p_tok, q_tok, valid, k, g):
+    """float32 (ratios, nexts): ratios[k] = p_k (p_0 = 1), nexts[k] = p_{k+1}; p_i = min(1,
+    p_{i-1} p(X_i) / q(X_i)) in float64 (NaN -> 0, clamped, 0 for an invalid draft), rounded to
+    float32 at each step like the reference. A sequential scan over g (min() breaks a cumprod)."""
+    ratios = tl.where(k == 0, 1.0, 0.0).to(tl.float32)
+    nexts = tl.zeros(k.shape, tl.float32)
+    prev = tl.full((), 1.0, tl.float32)
+    ok = valid.to(tl.int32)
+    for i in range(g):  # lanes past n are invalid, so their ratios are 0 as in the reference
+        # every lane's candidate ratio, then lane i's: dividing before the pick keeps a -0.0 q
+        # (p / -0.0 = -inf -> 0, as in the reference); picks are inlined (cheaper to interpret)
+        r = prev.to(tl.float64) * p_tok / q_tok  # exact product of two float32 values; IEEE division
+        at = k == i  # lane i holds X_{i+1}
+        r = tl.sum(tl.where(at, r, 0.0), axis=0)
+        r = tl.where(r != r, 0.0, r)
+        r = tl.minimum(tl.maximum(r, 0.0), 1.0)  # q == 0 < p: +inf -> 1
+        r = tl.where(tl.sum(tl.where(at, ok, 0), axis=0) > 0, r, 0.0).to(tl.float32)
+        ratios = tl.where(k == i + 1, r, ratios)
+        nexts = tl.where(at, r, nexts)
+        prev = r
+    return ratios, nexts
+
+
+@triton.jit
+def _finish(target_ptr, draft_ptr, part_ptr, uniforms_ptr, seeds_ptr, offsets_ptr, out_ptr, num_acc_ptr,
+            b, n, k, tok, ratios, nexts, temp, t_max, t_sum, t_ok, q_max, q_sum, q_ok,
+            seed, g, vocab, num_splits, tiles, stride_tb, stride_tp, stride_qb, stride_qp, stride_ub, stride_up,
+            stride_s, stride_o, stride_ob, RANDOM: tl.constexpr, HAS_OFFSETS: tl.constexpr, LOGITS: tl.constexpr,
+            BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Batch row b once every chunk total of its positions 0..n is stored: tau, final draw, outputs."""
+    s = tl.arange(0, BLOCK_S)
+    has = s < num_splits
+    # ---- thresholds: lane k holds h_{k+1}; Z(i) (i = 1..n-1) adds position i's chunk totals.
+    # A loop over positions keeps one [BLOCK_S] vector live (BLOCK_S reaches 2048 at V = 2^24).
+    z_int = tl.zeros(k.shape, tl.int64)
+    for i in range(1, g):
+        live = s < tl.where(i < n, num_splits, 0)  # a vector compare, not `mask & flag`
+        # ".cg": other programs wrote these; skip this SM's possibly stale L1 (see _tickets)
+        chunk_z = tl.load(part_ptr + ((b * (g + 1) + i) * num_splits + s) * 2, mask=live, other=0,
+                          cache_modifier=".cg")
+        z_int = tl.where(k + 1 == i, tl.sum(chunk_z, axis=0), z_int)
+    z = z_int.to(tl.float64) * INV_SCALE  # exact: int64 -> float64 rounds like torch's .double()
+    p_i = nexts.to(tl.float64)
+    denom = z + (1.0 - p_i)
+    inner = tl.where(denom > 0, z / tl.where(denom > 0, denom, 1.0), 1.0)  # Z = 0 and p_i = 1: always pass
+    h = tl.where(k + 1 < n, inner, tl.where(k + 1 == n, p_i, 0.0))
+
+    seed_b, row_key, offset = row_stream(seeds_ptr, offsets_ptr, b, seed, stride_s, stride_o, RANDOM, HAS_OFFSETS)
+    if RANDOM == UNIFORMS:
+        coins = tl.load(uniforms_ptr + b * stride_ub + k * stride_up, mask=k < n, other=1.0).to(tl.float64)
+    else:
+        coins = philox_uniform(seed_b, offset + k, row_key, SALT_ACCEPT, 0)  # eta_{k+1}: rejection_sample's
+    # strict: h = 0 never passes, h = 1 always does. p_i > 0 (so i <= n and X_1..X_i valid) keeps
+    # the op's contract for uniforms a GPU call cannot inspect: a negative coin never keeps -1
+    # padding, an id outside [0, V), or a slot past n_b (see the module docstring)
+    passed = (coins < h) & (nexts > 0)
+    tau = tl.max(tl.where(passed, k + 1, 0), axis=0).to(tl.int64)  # a later pass rescues earlier failures
+
+    # ---- the final token from position tau's chunk totals (residual, or p on the bonus row)
+    parts = part_ptr + ((b * (g + 1) + tau) * num_splits + s) * 2
+    chunk_r = tl.load(parts, mask=has, other=0, cache_modifier=".cg")
+    chunk_p = tl.load(parts + 1, mask=has, other=0, cache_modifier=".cg")
+    total_r = tl.sum(chunk_r, axis=0)
+    use_r = total_r > 0
+    chunk_w = tl.where(use_r, chunk_r, chunk_p)  # an empty residual draws from p alone
+    total = tl.sum(chunk_w, axis=0)
+    plain = (tau == n) | (total_r == 0)
+    if RANDOM == UNIFORMS:
+        u = tl.load(uniforms_ptr + b * stride_ub + g * stride_up).to(tl.float64)
+    else:
+        u = philox_uniform(seed_b, offset + tau, row_key, SALT_FINAL, 0)  # keyed by the drawn position
+    threshold = draw_threshold(u, total)
+    # the first chunk whose running total exceeds the threshold (the clamp covers total == 0)
+    c = tl.minimum(count_at_or_below(chunk_w, 0, threshold, has), num_splits - 1)
+    base = tl.sum(tl.where(s < c, chunk_w, 0), axis=0)
+    q_pos = tl.maximum(tl.minimum(tau, g - 1), 0)  # read only when tau < n <= g
+    p_nan = tl.where(_pick(t_ok.to(tl.int32), k, tau) > 0, 0.0, float("nan"))
+    q_nan = tl.where(_pick(q_ok.to(tl.int32), k, q_pos) > 0, 0.0, float("nan"))
+    chunk = BLOCK_V * tiles
+    count = _chunk_crossing(target_ptr + b * stride_tb + tau * stride_tp, draft_ptr + b * stride_qb + q_pos * stride_qp,
+                            plain, _pick(ratios, k, tau).to(tl.float64), c * chunk, base, threshold, vocab, tiles,
+                            temp, _pick(t_max, k, tau), _pick(t_sum, k, tau), p_nan, _pick(q_max, k, q_pos),
+                            _pick(q_sum, k, q_pos), q_nan, LOGITS, BLOCK_V)
+    # threshold < total, so the id is < V whenever total > 0; no mass at all gives 0
+    token = tl.where(total > 0, tl.minimum(c * chunk + count, vocab - 1), 0)
+
+    # ---- outputs: X_1..X_tau, the final token, then -1
+    out = tl.where(k < tau, tok, tl.where(k == tau, token, -1))
+    tl.store(out_ptr + b * stride_ob + k, out, mask=k < g + 1)
+    tl.store(num_acc_ptr + b, tau)
+
+
+# Not specialised (tests/test_triton_recompiles.py): the seed and the ints that follow B or g
+# (g, the row count B * (g + 1), the split plan over those rows, the strides g and g + 1 of the
+# drafts, uniforms and outputs). g enters the key only through BLOCK_G; BLOCK_S is sized for
+# V's largest split count (B = 1, g = 0).
+@triton.jit(do_not_specialize=["seed", "g", "num_splits", "tiles", "target_rows", "stride_db", "stride_ub",
+                               "stride_ob"])
+def _block_verify_kernel(
+        target_ptr, draft_ptr, draft_tok_ptr, uniforms_ptr, seeds_ptr, offsets_ptr, counts_ptr, temps_ptr,
+        stats_max_ptr, stats_sum_ptr, part_ptr, tickets_ptr, out_ptr, num_acc_ptr,
+        temperature, seed, g, vocab, num_splits, tiles, stat_splits, target_rows,
+        stride_tb, stride_tp, stride_qb, stride_qp, stride_db, stride_dg, stride_ub, stride_up,
+        stride_s, stride_o, stride_c, stride_temp, stride_ob,
+        RANDOM: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_COUNTS: tl.constexpr, LOGITS: tl.constexpr,
+        PER_ROW_TEMP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_SS: tl.constexpr,
+        BLOCK_V: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # b * (g + 1) + pos
+    split = tl.program_id(1).to(tl.int64)
+    b = row // (g + 1)
+    pos = row % (g + 1)
+    if HAS_COUNTS:
+        n = tl.load(counts_ptr + b * stride_c).to(tl.int64)
+        n = tl.minimum(tl.maximum(n, 0), g)
+    else:
+        n = tl.full((), 0, tl.int64) + g
+    if pos <= n:  # positions past the row's bonus are never read and take no ticket
+        if PER_ROW_TEMP:
+            temp = tl.load(temps_ptr + b * stride_temp).to(tl.float32)
+        else:
+            temp = tl.full((), 0.0, tl.float32) + temperature
+        k = tl.arange(0, BLOCK_G).to(tl.int64)  # position lanes 0..g
+        t_max, t_sum, t_ok, q_max, q_sum, q_ok = _position_stats(stats_max_ptr, stats_sum_ptr, b, n, k, g,
+                                                                 stat_splits, target_rows, LOGITS, BLOCK_SS)
+        tok, p_tok, q_tok, valid = _gather(target_ptr, draft_ptr, draft_tok_ptr, b, n, k, vocab, temp, t_max, t_sum,
+                                           t_ok, q_max, q_sum, q_ok, stride_tb, stride_tp, stride_qb, stride_qp,
+                                           stride_db, stride_dg, LOGITS)
+        ratios, nexts = _prefix_ratios(p_tok, q_tok, valid, k, g)
+
+        # ---- this program's chunk of position pos: residual (pos < n) and plain p sums
+        residual = pos < n  # the bonus position pos == n is plain p; its q is not read
+        q_pos = tl.maximum(tl.minimum(pos, g - 1), 0)
+        p_nan = tl.where(_pick(t_ok.to(tl.int32), k, pos) > 0, 0.0, float("nan"))
+        q_nan = tl.where(_pick(q_ok.to(tl.int32), k, q_pos) > 0, 0.0, float("nan"))
+        chunk = BLOCK_V * tiles
+        sum_r, sum_p = _chunk_sums(target_ptr + b * stride_tb + pos * stride_tp,
+                                   draft_ptr + b * stride_qb + q_pos * stride_qp, tl.where(residual, vocab, 0),
+                                   _pick(ratios, k, pos).to(tl.float64), split * chunk, vocab, tiles, temp,
+                                   _pick(t_max, k, pos), _pick(t_sum, k, pos), p_nan, _pick(q_max, k, q_pos),
+                                   _pick(q_sum, k, q_pos), q_nan, LOGITS, BLOCK_V)
+        part = part_ptr + (row * num_splits + split) * 2
+        tl.store(part, tl.where(residual, sum_r, sum_p))
+        tl.store(part + 1, sum_p)
+        if last_ticket(tickets_ptr + b, (n + 1) * num_splits):
+            _finish(target_ptr, draft_ptr, part_ptr, uniforms_ptr, seeds_ptr, offsets_ptr, out_ptr, num_acc_ptr,
+                    b, n, k, tok, ratios, nexts, temp, t_max, t_sum, t_ok, q_max, q_sum, q_ok,
+                    seed, g, vocab, num_splits, tiles, stride_tb, stride_tp, stride_qb, stride_qp, stride_ub,
+                    stride_up, stride_s, stride_o, stride_ob, RANDOM, HAS_OFFSETS, LOGITS, BLOCK_S, BLOCK_V)
+            reset_ticket(tickets_ptr + b)
+
+
+def launch_block(target, draft, draft_tokens, out_tokens, num_accepted, *, uniforms=None, seed=None, offsets=None,
+                 num_draft_tokens=None, temperature=1.0, stats=None, block_v: int = BLOCK_V, min_tiles: int = MIN_TILES,
+                 max_tiles: int = MAX_TILES, target_programs: int = TARGET_PROGRAMS) -> None:
+    """Launch the block kernel (B >= 1). `stats` = (part_max, part_sum) [B * (2g + 1), splits]
+    float32 softmax statistics when target/draft hold logits (LOGITS), else None."""
+    batch, g = draft_tokens.shape
+    vocab = target.shape[-1]
+    device = draft_tokens.device
+    rows = batch * (g + 1)
+    block_v, tiles, num_splits = _split_plan(rows, vocab, block_v, min_tiles, max_tiles, target_programs)
+    most_splits = _split_plan(1, vocab, block_v, min_tiles, max_tiles, target_programs)[2]  # one row splits most
+    mode, seed_int, seeds = randomness_mode(uniforms, seed)
+    placeholder = draft_tokens  # any tensor on the device; never read when its flag is off
+    if g == 0:
+        draft = target  # [B, 0, V] has nothing to read; keep a valid pointer
+    logits = stats is not None
+    per_row_temp = isinstance(temperature, torch.Tensor)
+    part_max, part_sum = stats if logits else (placeholder, placeholder)
+    temps_t = temperature if per_row_temp else placeholder
+    uniforms_t = placeholder if uniforms is None else uniforms
+    seeds_t = placeholder if seeds is None else seeds
+    offsets_t = placeholder if offsets is None else offsets
+    counts_t = placeholder if num_draft_tokens is None else num_draft_tokens
+    stat_splits = part_max.shape[1] if logits else 1
+    chunk_totals = torch.empty(rows, num_splits, 2, dtype=torch.int64, device=device)  # (residual, p) per chunk
+    tickets = zeroed_counters(device, batch)
+    with device_scope(device):
+        _block_verify_kernel[(rows, num_splits)](
+            target, draft, draft_tokens, uniforms_t, seeds_t, offsets_t, counts_t, temps_t, part_max, part_sum,
+            chunk_totals, tickets, out_tokens, num_accepted,
+            1.0 if per_row_temp else float(temperature), seed_int, g, vocab, num_splits, tiles, stat_splits, rows,
+            target.stride(0), target.stride(1), draft.stride(0), draft.stride(1),
+            draft_tokens.stride(0), draft_tokens.stride(1),
+            uniforms_t.stride(0) if uniforms is not None else 0, uniforms_t.stride(1) if uniforms is not None else 0,
+            seeds_t.stride(0) if seeds is not None else 0, offsets_t.stride(0) if offsets is not None else 0,
+            counts_t.stride(0) if num_draft_tokens is not None else 0, temps_t.stride(0) if per_row_temp else 0,
+            out_tokens.stride(0),
+            RANDOM=mode, HAS_OFFSETS=offsets is not None and mode != UNIFORMS.value,
+            HAS_COUNTS=num_draft_tokens is not None, LOGITS=logits, PER_ROW_TEMP=per_row_temp,
+            BLOCK_G=max(2, triton.next_power_of_2(g + 1)), BLOCK_S=max(2, triton.next_power_of_2(most_splits)),
+            BLOCK_SS=max(2, triton.next_power_of_2(stat_splits)), BLOCK_V=block_v)
+
+
+def _launch(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None, offsets=None,
+            num_draft_tokens=None, **plan):
+    out_tokens, num_accepted = chain_outputs(draft_tokens)
+    if draft_tokens.shape[0]:
+        launch_block(target_probs, draft_probs, draft_tokens, out_tokens, num_accepted, uniforms=uniforms, seed=seed,
+                     offsets=offsets, num_draft_tokens=num_draft_tokens, **plan)
+    return out_tokens, num_accepted
+
+
+def block_verify(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None, offsets=None,
+                 num_draft_tokens=None):
+    """Triton `block_verify` on validated inputs (see specdec_kernels.ops.block_verify)."""
+    return _launch(target_probs, draft_probs, draft_tokens, uniforms=uniforms, seed=seed, offsets=offsets,
+                   num_draft_tokens=num_draft_tokens)
+
+
+def launch_limits(sizes: dict) -> str | None:
+    """The registry's `limits`: grid x holds a program per position of every row, B * (g + 1)."""
+    return grid_x_refusal(sizes["B"] * (sizes["G"] + 1), "B * (g + 1)")
+
+
+register("block_verify", "triton", block_verify, limits=launch_limits)
