@@ -1,10 +1,14 @@
 """Microbenchmark of the verification ops: every backend side by side.
 
 Ops: rejection_sample (probs in), rejection_sample_logits, greedy_verify, relaxed_verify,
-bild_verify, max_prob (the BiLD fallback score), tree_greedy_verify and
-tree_rejection_sample (a binary tree of g+1 nodes). Backends: a naive PyTorch chain
-(gather, ratio, cumprod, residual, multinomial: what HF-style code does) for the sampling
-and greedy ops, and every backend of ours available here (torch reference, triton, cuda).
+bild_verify, max_prob (the BiLD fallback score), tree_greedy_verify, tree_rejection_sample
+(a binary tree of g+1 nodes, siblings drawn independently), block_verify and
+block_verify_logits (block verification on the chain inputs of rejection_sample /
+rejection_sample_logits) and tree_rejection_sample_wr (tree_rejection_sample with
+siblings="without_replacement": the two children of node v drawn without replacement from
+q_v = draft_probs[:, v]). Backends: a naive PyTorch chain (gather, ratio, cumprod, residual,
+multinomial: what HF-style code does) for the chain sampling, block and greedy ops, and every
+backend of ours available here (torch reference, triton, cuda).
 Acceptance regimes: "reject0" (the first draft always fails), "natural" (drafts from a
 perturbed target, the realised acceptance is recorded) and "acceptall" (p == q / drafts
 equal the argmax).
@@ -29,6 +33,7 @@ from pathlib import Path
 import torch
 
 from specdec_kernels import ops
+from specdec_kernels.selftest.cases_tree import sampled_sibling_tokens
 
 from _report import base_parser, write_report  # noqa: E402  (bench/ is on sys.path: script dir or pytest rootdir)
 from _timing import capture_graph, copy_bandwidth, time_eager  # noqa: E402,F401  (bench_tree_attention uses them via bv)
@@ -37,12 +42,22 @@ FULL = {"B": (1, 8, 64, 256), "g": (1, 4, 8), "V": (32000, 128256, 151936)}
 SMOKE = {"B": (1, 3), "g": (1, 4), "V": (50,)}
 REGIMES = ("reject0", "natural", "acceptall")
 OPS = ("rejection_sample", "greedy_verify", "rejection_sample_logits", "relaxed_verify", "bild_verify", "max_prob",
-       "tree_greedy_verify", "tree_rejection_sample")
+       "tree_greedy_verify", "tree_rejection_sample", "block_verify", "block_verify_logits", "tree_rejection_sample_wr")
+# bench labels that are one op of `ops` called with extra keyword arguments
+VARIANTS = {"tree_rejection_sample_wr": ("tree_rejection_sample", {"siblings": "without_replacement"})}
 LOGIT_OPS = ("greedy_verify", "relaxed_verify", "bild_verify", "tree_greedy_verify")  # drafts judged by argmax
-SAMPLING_OPS = ("rejection_sample", "rejection_sample_logits", "tree_rejection_sample")
-NAIVE_OPS = ("rejection_sample", "rejection_sample_logits", "greedy_verify")
+SAMPLING_OPS = ("rejection_sample", "rejection_sample_logits", "tree_rejection_sample", "block_verify",
+                "block_verify_logits", "tree_rejection_sample_wr")
+LOGITS_SAMPLING_OPS = ("rejection_sample_logits", "block_verify_logits")  # sampled drafts, logits in
+NAIVE_OPS = ("rejection_sample", "rejection_sample_logits", "greedy_verify", "block_verify", "block_verify_logits")
 # ops whose backends must equal the reference bit for bit (the others use exp/log: see their docs)
-BIT_EXACT_OPS = ("rejection_sample", "greedy_verify", "relaxed_verify", "tree_greedy_verify", "tree_rejection_sample")
+BIT_EXACT_OPS = ("rejection_sample", "greedy_verify", "relaxed_verify", "tree_greedy_verify", "tree_rejection_sample",
+                 "block_verify", "tree_rejection_sample_wr")
+
+
+def op_call(op: str) -> tuple[str, dict]:
+    """The `ops` function behind a bench label and the keyword arguments the label adds."""
+    return VARIANTS.get(op, (op, {}))
 
 
 @dataclass
@@ -98,19 +113,24 @@ def make_inputs(case: Case, seed: int = 0) -> dict:
         return inputs
     noise = 0.0 if case.regime == "acceptall" else 1.0
     draft_logits = logits + noise * torch.randn(logits.shape, device=case.device, generator=gen)
-    if tree:  # node i is drafted from q at its parent: row i of draft_probs is q[parent(i)]
+    without_replacement = case.op == "tree_rejection_sample_wr"
+    if tree and not without_replacement:  # node i is drafted from q at its parent: row i of draft_probs is q[parent(i)]
         draft_logits = draft_logits.gather(1, parents.clamp(min=0).unsqueeze(-1).expand(shape))
-    else:
+    elif not tree:
         draft_logits = draft_logits[:, : case.g]
     p = torch.softmax(logits, -1)
     q = torch.softmax(draft_logits, -1)
-    drafts = torch.multinomial(q.reshape(-1, case.vocab), 1, generator=gen).reshape(q.shape[:2])
+    if without_replacement:  # row v is q_v; v's children are draws without replacement from it (Gumbel-top-k)
+        drafts = sampled_sibling_tokens(q, parents, gen)
+        drafts[:, 0] = 0  # the root's token is not judged
+    else:
+        drafts = torch.multinomial(q.reshape(-1, case.vocab), 1, generator=gen).reshape(q.shape[:2])
     uniforms = torch.rand(case.batch, q.shape[1] + (0 if tree else 1), device=case.device, generator=gen)
     if case.regime == "reject0":  # p(x) = 0 for the first draft(s) at the root: rejected
         first = drafts[:, 1:3] if tree else drafts[:, :1]
         p[:, 0].scatter_(1, first, 0.0)
         logits[:, 0].scatter_(1, first, float("-inf"))
-    if case.op == "rejection_sample_logits":
+    if case.op in LOGITS_SAMPLING_OPS:
         return {"target_logits": logits.to(case.dtype), "draft_logits": draft_logits.to(case.dtype),
                 "draft_tokens": drafts, "uniforms": uniforms}
     if tree:
@@ -147,6 +167,38 @@ def naive_torch_chain_logits(target_logits, draft_logits, draft_tokens, uniforms
                              draft_tokens, uniforms)
 
 
+def naive_block_verify(target_probs, draft_probs, draft_tokens, uniforms):
+    """Block verification (the formula of ops.block_verify) in plain torch: every prefix's
+    ratio p_i, every position's residual mass Z(i) and threshold h_i, then the pick."""
+    batch, g = draft_tokens.shape
+    p = target_probs.float()
+    q = draft_probs.float()
+    idx = draft_tokens.unsqueeze(-1)
+    ratio = p[:, :g].gather(-1, idx).squeeze(-1) / q.gather(-1, idx).squeeze(-1)
+    prefix = [torch.ones(batch, device=p.device)]  # p_0 = 1, p_i = min(1, p_{i-1} p(X_i) / q(X_i))
+    for i in range(g):
+        prefix.append(torch.clamp(prefix[-1] * ratio[:, i], max=1.0))
+    prefix = torch.stack(prefix, 1)  # [B, g + 1]
+    residual = torch.clamp(prefix[:, :g, None] * p[:, :g] - q, min=0)  # [B, g, V]: residual after i drafts
+    z = residual.sum(-1)
+    h = torch.cat([z[:, 1:] / (z[:, 1:] + 1 - prefix[:, 1:g]), prefix[:, g:]], 1)  # h_1..h_g
+    passed = uniforms[:, :g] < h
+    steps = torch.arange(1, g + 1, device=p.device)
+    num_accepted = torch.where(passed, steps, 0).amax(1)  # the longest passing prefix
+    rows = torch.cat([residual, p[:, g:]], 1)[torch.arange(batch, device=p.device), num_accepted]
+    empty = rows.sum(-1, keepdim=True) <= 0  # an empty residual falls back to p
+    rows = torch.where(empty, p[torch.arange(batch, device=p.device), num_accepted], rows)
+    final = torch.multinomial(rows / rows.sum(-1, keepdim=True), 1).squeeze(1)
+    out = torch.where(steps <= num_accepted.unsqueeze(1), draft_tokens, -1)
+    return torch.cat([out, final.unsqueeze(1)], 1), num_accepted
+
+
+def naive_block_verify_logits(target_logits, draft_logits, draft_tokens, uniforms):
+    """The naive block verification on logits: materialise both softmaxes first."""
+    return naive_block_verify(torch.softmax(target_logits.float(), -1), torch.softmax(draft_logits.float(), -1),
+                              draft_tokens, uniforms)
+
+
 def naive_greedy(target_logits, draft_tokens):
     top = target_logits.argmax(-1)
     g = draft_tokens.shape[1]
@@ -157,17 +209,20 @@ def naive_greedy(target_logits, draft_tokens):
 def callable_for(case: Case, backend: str, inputs: dict):
     if backend == "naive":
         naive = {"rejection_sample": naive_torch_chain, "rejection_sample_logits": naive_torch_chain_logits,
-                 "greedy_verify": naive_greedy}[case.op]
+                 "greedy_verify": naive_greedy, "block_verify": naive_block_verify,
+                 "block_verify_logits": naive_block_verify_logits}[case.op]
         return lambda: naive(**inputs)
-    fn = getattr(ops, case.op)
-    return lambda: fn(**inputs, backend=backend)
+    name, extra = op_call(case.op)
+    fn = getattr(ops, name)
+    return lambda: fn(**inputs, **extra, backend=backend)
 
 
 def backends_for(op: str, device: torch.device) -> list[str]:
     names = ["naive"] if op in NAIVE_OPS else []
-    for backend in ops.implemented_backends(op):
+    name, _ = op_call(op)
+    for backend in ops.implemented_backends(name):
         try:
-            ops.resolve(op, backend, device)
+            ops.resolve(name, backend, device)
             names.append(backend)
         except (ValueError, RuntimeError):
             pass
@@ -175,11 +230,15 @@ def backends_for(op: str, device: torch.device) -> list[str]:
 
 
 def minimal_bytes(case: Case) -> int:
-    """What the contract must read: for probabilities in, the draft tokens' p and q plus the
-    one row pair (p, q) the final token is drawn from; for logits in, every row (an argmax
-    or a softmax normaliser needs the whole row)."""
+    """What the contract must read: for rejection_sample and both tree_rejection_sample variants,
+    the draft tokens' p and q plus the one row pair (p, q) the final token is drawn from (without
+    replacement, a node's first child is judged on q_v(x) as given, so the same bound holds when
+    every accepted node took its first child); for block_verify, every draft position's target
+    and draft rows plus the bonus row, (2g+1) * V elements per request (each threshold h_i needs
+    the residual mass Z(i) over a whole row pair; this is also its nominal bound); for logits in,
+    every row (an argmax or a softmax normaliser needs the whole row)."""
     elem = torch.tensor([], dtype=case.dtype).element_size()
-    if case.op in ("rejection_sample", "tree_rejection_sample"):
+    if case.op in ("rejection_sample", "tree_rejection_sample", "tree_rejection_sample_wr"):
         return case.batch * (2 * case.g * elem + 2 * case.vocab * elem)
     return nominal_bytes(case)
 
@@ -188,7 +247,9 @@ def nominal_bytes(case: Case) -> int:
     """Every row of every input, what a kernel that streams all of them reads."""
     elem = torch.tensor([], dtype=case.dtype).element_size()
     rows = {"max_prob": 1, "rejection_sample": 2 * case.g + 1, "rejection_sample_logits": 2 * case.g + 1,
-            "tree_rejection_sample": 2 * (case.g + 1)}.get(case.op, case.g + 1)
+            "block_verify": 2 * case.g + 1, "block_verify_logits": 2 * case.g + 1,
+            "tree_rejection_sample": 2 * (case.g + 1),
+            "tree_rejection_sample_wr": 2 * (case.g + 1)}.get(case.op, case.g + 1)
     return case.batch * rows * case.vocab * elem
 
 

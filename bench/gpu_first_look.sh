@@ -108,7 +108,10 @@ if [ $second = 1 ]; then
   if [ $dry = 1 ]; then
     verify_args=(--smoke) attn_args=(--smoke --impls triton sdpa)
   else
-    verify_args=(--batch 1 8 64 --vocab 151936 --repeats 50) attn_args=(--batch 8 32 --prefix 4096 --impls cuda triton sdpa)
+    # the ops never timed on a GPU first: a grid cut off by its stage timeout loses the ones measured before
+    verify_args=(--batch 1 8 64 --vocab 151936 --repeats 50 --ops block_verify block_verify_logits
+                 tree_rejection_sample_wr rejection_sample greedy_verify rejection_sample_logits relaxed_verify
+                 bild_verify max_prob tree_greedy_verify tree_rejection_sample) attn_args=(--batch 8 32 --prefix 4096 --impls cuda triton sdpa)
   fi
   stdout_to="$out/verify.jsonl" stage verify 150 $py bench/bench_verify.py "${verify_args[@]}" --out "$grids"
   stdout_to="$out/tree_attention.jsonl" stage tree_attention 150 $py bench/bench_tree_attention.py "${attn_args[@]}" \

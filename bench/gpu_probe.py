@@ -8,7 +8,10 @@ every row it finished). In the order of the decisions they inform:
              tree_rejection_sample at (B=1, g=4, V=151936) and (B=64, g=4, V=128256), bf16, natural
              acceptance; ours vs a naive torch chain; CUDA-graph replay with a cold L2 (a 256 MiB
              write before every call); % of the minimal-bytes bound (bench_verify.minimal_bytes over
-             half the measured copy bandwidth)
+             half the measured copy bandwidth); then, at the same shapes, block_verify (probs) and
+             tree_rejection_sample with siblings="without_replacement" (label tree_rejection_sample_wr),
+             ours vs the naive torch block verification (the tree variant has no naive baseline, like
+             tree_rejection_sample); block_verify's minimal-bytes bound is every row, (2g+1)*V per request
   attention  tree_attention bf16, B=8, P=4096, N=32, Hq=32, Hkv=8, D=128, a random tree: cuda,
              triton and SDPA with a dense mask; % of nominal HBM for the K/V read
   kv         kv_compact over 32 layers (B=8, N=64, Hkv=8, D=128, bf16, one allocation): ours vs
@@ -47,6 +50,7 @@ from _timing import copy_bandwidth  # noqa: E402
 FLUSH_BYTES = 256 * 2**20  # larger than any L2 here
 VERIFY_OPS = ("greedy_verify", "rejection_sample", "rejection_sample_logits", "tree_greedy_verify",
               "tree_rejection_sample")
+NEW_VERIFY_OPS = ("block_verify", "tree_rejection_sample_wr")  # after every VERIFY_OPS row: the older decisions first
 VERIFY_SHAPES = {"gpu": ((1, 4, 151936), (64, 4, 128256)), "dry": ((1, 2, 50), (3, 2, 64))}
 ATTENTION = {"gpu": dict(batch=8, prefix=4096, nodes=32, hq=32, hkv=8, head_dim=128),
              "dry": dict(batch=2, prefix=40, nodes=5, hq=4, hkv=2, head_dim=16)}
@@ -97,14 +101,14 @@ def one_line(error: BaseException) -> str:
 def verify_rows(probe: Probe, device, dtype, bandwidth) -> None:
     flush = FLUSH_BYTES if device.type == "cuda" else 0
     repeats = 50 if device.type == "cuda" else 2
-    for batch, g, vocab in VERIFY_SHAPES[probe.mode]:
-        for op in VERIFY_OPS:
-            case = bv.Case(op, batch, g, vocab, "natural", dtype, device)
-            for backend in bv.backends_for(op, device):
-                if backend == "torch" and device.type == "cuda":
-                    continue  # the reference is what `exact` compares with, not a contender
-                probe.run("verify", {"op": op, "B": batch, "g": g, "V": vocab, "backend": backend},
-                          lambda: bv.measure(case, backend, repeats, bandwidth, flush_bytes=flush))
+    rows = [(shape, op) for ops_ in (VERIFY_OPS, NEW_VERIFY_OPS) for shape in VERIFY_SHAPES[probe.mode] for op in ops_]
+    for (batch, g, vocab), op in rows:
+        case = bv.Case(op, batch, g, vocab, "natural", dtype, device)
+        for backend in bv.backends_for(op, device):
+            if backend == "torch" and device.type == "cuda":
+                continue  # the reference is what `exact` compares with, not a contender
+            probe.run("verify", {"op": op, "B": batch, "g": g, "V": vocab, "backend": backend},
+                      lambda: bv.measure(case, backend, repeats, bandwidth, flush_bytes=flush))
 
 
 def attention_rows(probe: Probe, device, dtype, bandwidth) -> None:

@@ -15,12 +15,16 @@ def test_verify_bench_smoke(tmp_path):
     rows = result["rows"]
     assert {row["op"] for row in rows} == {"rejection_sample", "greedy_verify", "rejection_sample_logits",
                                            "relaxed_verify", "bild_verify", "max_prob", "tree_greedy_verify",
-                                           "tree_rejection_sample"}
+                                           "tree_rejection_sample", "block_verify", "block_verify_logits",
+                                           "tree_rejection_sample_wr"}
     assert {row["backend"] for row in rows} >= {"naive", "torch"}
     assert all(row.get("exact", True) for row in rows)  # every non-reference backend matched the reference
     by_regime = {(row["op"], row["regime"]): row["mean_accepted"] for row in rows if row["backend"] == "torch"}
     assert by_regime[("rejection_sample", "reject0")] == 0
     assert by_regime[("tree_rejection_sample", "reject0")] == 0
+    assert by_regime[("tree_rejection_sample_wr", "reject0")] == 0
+    assert by_regime[("block_verify", "reject0")] == 0
+    assert by_regime[("block_verify", "acceptall")] >= 1  # p == q: every draft kept
     assert by_regime[("greedy_verify", "acceptall")] >= 1
     assert "| op | B | g |" in (tmp_path / "verify.md").read_text()
 
