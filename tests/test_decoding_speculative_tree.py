@@ -360,15 +360,17 @@ def test_e2e_bench_tree_rows(tmp_path, monkeypatch):
 
 
 def test_trees_bench_writes_the_grid(tiny_set, tmp_path, monkeypatch):
-    """bench/speculative_trees.py --smoke: chain and tree rows per mode, vs_chain against the chain, JSON + markdown."""
+    """bench/speculative_trees.py --smoke: chain and tree rows per mode (sampling: the chain under each
+    verification rule), vs_chain against the token-wise chain, JSON + markdown."""
     from pathlib import Path
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
     import speculative_trees
     speculative_trees.main(["--smoke", "--models", str(tiny_set), "--temperatures", "0.5", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "speculative_trees_cpu.json").read_text())
     rows = result["rows"]
-    assert [(r["mode"], r["tree_topk"], r["tree_nodes"]) for r in rows] == [
-        ("greedy", 1, 2), ("greedy", 2, 4), ("sampling T=0.5", 1, 2), ("sampling T=0.5", 2, 4)]
+    assert [(r["mode"], r["tree_topk"], r["tree_nodes"], r["rule"]) for r in rows] == [
+        ("greedy", 1, 2, ""), ("greedy", 2, 4, ""), ("sampling T=0.5", 1, 2, "token"), ("sampling T=0.5", 1, 2, "block"),
+        ("sampling T=0.5", 2, 4, "top")]
     for row in rows:
         chain = next(r for r in rows if r["mode"] == row["mode"] and r["tree_topk"] == 1)
         assert row["vs_chain"] == pytest.approx(row["tokens_per_forward"] / chain["tokens_per_forward"], abs=2e-3)

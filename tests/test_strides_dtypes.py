@@ -330,7 +330,7 @@ def test_every_op_with_index_tensors_is_covered():
     """A new op with index tensors needs a case here (max_prob, fallback_check and
     early_exit_topk take none)."""
     covered = {"greedy_verify", "relaxed_verify", "bild_verify", "rejection_sample", "rejection_sample_logits",
-               "tree_greedy_verify", "tree_rejection_sample", "tree_attention", "kv_rollback", "kv_compact"}
+               "block_verify", "block_verify_logits", "tree_greedy_verify", "tree_rejection_sample", "tree_attention", "kv_rollback", "kv_compact"}
     from specdec_kernels.common.registry import registered_ops
     assert set(registered_ops()) - covered == {"max_prob", "early_exit_topk"}
 
