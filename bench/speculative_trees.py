@@ -59,6 +59,7 @@ def parse_args(argv):
                         help="also the wide pair: a 6-layer x 384 random Llama (12.6 M) with a 1-layer draft sharing "
                              "its first layer (bench/_e2e_pairs.AlignedPair, --noise)")
     parser.add_argument("--noise", type=float, default=0.05, help="the wide pair's noise")
+    parser.add_argument("--no-default", action="store_true", help="skip the embedded default pair")
     parser.add_argument("--modes", nargs="+", default=["greedy", "sampling"], choices=["greedy", "sampling"])
     parser.add_argument("--temperatures", type=float, nargs="+", default=[1.0], help="sampling temperatures")
     parser.add_argument("--accept-prompts", type=int, default=16, help="prompts of the tokens-per-forward call")
@@ -90,7 +91,7 @@ def parse_args(argv):
 def call(pair, ids, depth: int, k: int, n: int, rule: str, args, temperature: float | None, seed: int = 0):
     """One generate call; temperature None is greedy. `rule`: the chain's verification or the tree's siblings."""
     chain = (k, n) == (1, depth)
-    options = dict(verification=rule) if chain else ({} if rule == "top" else dict(tree_siblings=rule))
+    options = dict(verification=rule) if chain else dict(tree_siblings=rule)
     return specdec_kernels.generate(pair.target, ids, strategy="speculative", draft_model=pair.draft,
                                     num_draft_tokens=depth, tree_topk=k, tree_nodes=n, **options,
                                     max_new_tokens=args.max_new_tokens, eos_token_id=[], pad_token_id=0, seed=seed,
@@ -207,7 +208,8 @@ def main(argv=None):
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    pairs = [default_pair(args.models, max(args.accept_prompts, *args.batch_sizes), args.prompt_length, device, dtype)]
+    pairs = [] if args.no_default else [default_pair(args.models, max(args.accept_prompts, *args.batch_sizes),
+                                                     args.prompt_length, device, dtype)]
     pairs += [local_pair(t, d, max(args.accept_prompts, *args.batch_sizes), args.prompt_length, device, dtype)
               for t, d in args.pair]
     if args.wide:
