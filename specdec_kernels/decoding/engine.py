@@ -521,7 +521,8 @@ class Engine:
         if not active:
             return
         rows = [int(r) for r in self.row_ids[active].tolist()]
-        tokens = [self.generated[b, start[b]:end[b]].tolist() for b in active]
+        window = self.generated[active, :max(end)].tolist()  # one device read for every row, not one per row
+        tokens = [row[start[b]:end[b]] for b, row in zip(active, window)]
         cuts = self.on_step(rows, tokens) or {}
         for b, row in zip(active, rows):
             if row not in cuts:
