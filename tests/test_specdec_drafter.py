@@ -176,3 +176,19 @@ def test_resume_continues_exactly(llama, tmp_path):
         assert torch.equal(a, b), name
     saved = SpecDecDrafter.from_pretrained(tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(resumed.state_dict().values(), saved.state_dict().values()))
+
+
+def test_auto_prompts_give_every_training_row_a_fresh_prompt(llama, tmp_path):
+    """max_prompts="auto" (the default) distills steps * batch_size prompts: the shipped drafter
+    learned 2048 prompts by heart (0.72 first-position accuracy on them, 0.38 on held-out text)."""
+    texts = [torch.randint(3, VOCAB, (400,), generator=torch.Generator().manual_seed(7))]
+    options = dict(block_size=3, batch_size=4, prompt_length=6, continuation_length=4, progress=False,
+                   drafter_config={"hidden_size": 16, "num_attention_heads": 2, "intermediate_size": 32})
+    train_specdec_drafter(llama, texts, steps=3, output_dir=tmp_path / "auto", **options)
+    data = torch.load(tmp_path / "auto" / "distillation.pt", weights_only=False)
+    assert data["prompts"].shape[0] == 3 * 4
+    train_specdec_drafter(llama, texts, steps=30, output_dir=tmp_path / "capped", **options)  # text runs out first
+    data = torch.load(tmp_path / "capped" / "distillation.pt", weights_only=False)
+    assert data["prompts"].shape[0] == 400 // 6
+    with pytest.raises(ValueError, match="max_prompts must be 'auto'"):
+        train_specdec_drafter(llama, texts, steps=1, max_prompts="all", **options)

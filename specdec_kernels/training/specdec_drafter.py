@@ -181,7 +181,7 @@ def train_specdec_drafter(target, texts, *, tokenizer=None, block_size: int = 10
                           learning_rate: float = 5e-4, warmup_steps: int = 100, weight_decay: float = 0.01,
                           clip_norm: float = 5.0, label_smoothing: float = 0.1, glancing: bool = True,
                           glance_ratio: tuple[float, float] = (0.5, 0.3), prompt_length: int = 32,
-                          continuation_length: int = 64, max_prompts: int | None = 2048, output_dir=None,
+                          continuation_length: int = 64, max_prompts: int | str | None = "auto", output_dir=None,
                           checkpoint_every: int = 0, keep_checkpoints: int = 2, resume: bool = False,
                           seed: int = 0, progress: bool = True, distill_batch_size: int = 32,
                           dense: bool = True, schedule: str = "cosine",
@@ -203,7 +203,11 @@ def train_specdec_drafter(target, texts, *, tokenizer=None, block_size: int = 10
             "inverse_sqrt" (warm-up, then sqrt(warmup / step)).
         dense: every continuation prefix of a row is a block in one forward (see the module
             docstring); False: one random block per row (the official code's sampling).
-        continuation_length: greedy tokens generated per prompt; max_prompts caps the prompts.
+        continuation_length: greedy tokens generated per prompt.
+        max_prompts: how many prompts are distilled: "auto" (the default) = steps * batch_size, so
+            each training row is a fresh prompt (a drafter that sees its prompts many times learns
+            them by heart: 2048 prompts over 1200 steps gave 0.72 first-position accuracy on them and
+            0.38 on held-out text); an int caps the prompts; None takes every prompt of the texts.
         min_prompt_length: dense form, decoder-only targets: prompts are cut to lengths uniform in
             [min_prompt_length, prompt_length] (default prompt_length // 8, at least 1), so the
             first blocks after the short prompts the strategy meets are trained too.
@@ -221,6 +225,10 @@ def train_specdec_drafter(target, texts, *, tokenizer=None, block_size: int = 10
     if block_size < 1 or steps < 0 or batch_size < 1:
         raise ValueError(f"{OP}: block_size and batch_size must be >= 1 and steps >= 0 "
                          f"(got {block_size}, {batch_size}, {steps})")
+    if not (max_prompts is None or max_prompts == "auto" or (isinstance(max_prompts, int) and max_prompts >= 1)):
+        raise ValueError(f"{OP}: max_prompts must be 'auto', a positive int or None (got {max_prompts!r})")
+    if max_prompts == "auto":
+        max_prompts = max(steps * batch_size, 1)
     if resume and output_dir is None:
         raise ValueError(f"{OP}: resume=True needs output_dir (where the checkpoints are)")
     if min_prompt_length is None:
