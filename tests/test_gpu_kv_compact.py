@@ -1,10 +1,13 @@
 """GPU tests of the CUDA (csrc/kv_compact.cu) and Triton kv_compact backends.
 
-Every test runs a backend on GPU caches in place and the torch reference on clones, and
-asks for bit-identical caches (whole tensors: untouched slots must stay untouched) and
-lengths. Real shapes: 32 layers, B in {1, 8, 32}, N in {8, 64}, Hkv 8, D 128, bf16, in
-one allocation (fast path) and as separate tensors (device table); then dtypes, strides,
-misaligned views, long paths, out-of-range rows and CUDA-graph capture / replay.
+The kernel cases come from the case catalog (specdec_kernels/selftest/cases_kv.py, the "full"
+tier, the one `specdec-kernels selftest` runs): real shapes (32 layers, B in {1, 8, 32}, N in
+{8, 64}, Hkv 8, D 128, bf16) in one allocation (fast path) and as separate tensors (device
+table), other dtypes with int32 lengths, misaligned views, long paths, chains / root-only / empty
+rows, M = 0 / 1, no layers; each runs a backend on GPU caches in place against the reference, bit
+for bit over whole cache tensors, and graph cases are captured and replayed on new inputs.
+What the catalog cannot express stays here: unvalidated out-of-range rows, capture of separate
+caches (the kept table), the launcher's argument checks, and the table across streams.
 Everything skips cleanly without CUDA or without a built _C.
 """
 
@@ -16,34 +19,20 @@ from gpu_support import CUDA_KERNEL_MARKS, _C  # noqa: E402
 
 pytestmark = CUDA_KERNEL_MARKS
 
+from catalog_support import catalog_cases, check_case, skip_unless_backend  # noqa: E402
+
 from specdec_kernels import ops  # noqa: E402
 from specdec_kernels.common import kv_layout as _kv_layout  # noqa: E402
+from specdec_kernels.selftest.cases_kv import random_accepted  # noqa: E402
 
 BACKENDS = ["cuda", "triton"]
 
 
-def random_accepted(batch: int, n: int, gen: torch.Generator) -> torch.Tensor:
-    """[B, M] accepted paths of random trees of n nodes (parents before children), padded
-    with -1; rows cycle through a random path, a chain, the root alone and nothing."""
-    paths = []
-    for b in range(batch):
-        kind = b % 4
-        if kind == 1:
-            paths.append(list(range(int(torch.randint(1, n + 1, (), generator=gen)))))
-        elif kind == 2:
-            paths.append([0])
-        elif kind == 3 and b > 3:
-            paths.append([])
-        else:
-            parents = [-1] + [int(torch.randint(max(0, i - 4), i, (), generator=gen)) for i in range(1, n)]
-            node = int(torch.randint(0, n, (), generator=gen))
-            path = []
-            while node >= 0:
-                path.append(node)
-                node = parents[node]
-            paths.append(path[::-1])
-    m = max(1, max(len(p) for p in paths))
-    return torch.tensor([p + [-1] * (m - len(p)) for p in paths], dtype=torch.int64)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", catalog_cases("full", "cuda", ops=("kv_compact",)))
+def test_catalog_case(case, backend):
+    skip_unless_backend(case.op, backend, "cuda")
+    check_case(case, backend, "cuda", profile="full", graphs=True)
 
 
 def stacked_caches(layers, batch, heads, seq, dim, dtype, gen):
@@ -63,79 +52,6 @@ def separate_caches(layers, batch, heads, seq, dim, dtype, gen):
     return caches[:layers], caches[layers:]
 
 
-def run_both(backend, k_caches, v_caches, seq_lens, accepted):
-    ref_k = [c.clone() for c in k_caches]
-    ref_v = [c.clone() for c in v_caches]
-    want = ops.kv_compact(ref_k, ref_v, seq_lens, accepted, backend="torch")
-    got = ops.kv_compact(k_caches, v_caches, seq_lens, accepted, backend=backend)
-    torch.cuda.synchronize()
-    assert got.dtype == seq_lens.dtype and torch.equal(got, want), (got, want)
-    for name, caches, refs in (("k", k_caches, ref_k), ("v", v_caches, ref_v)):
-        for layer, (c, r) in enumerate(zip(caches, refs)):
-            assert torch.equal(c, r), f"{backend}: {name}_caches[{layer}] differs from the reference"
-    return got
-
-
-@pytest.mark.parametrize("layout", ["stacked", "separate"])
-@pytest.mark.parametrize("n", [8, 64])
-@pytest.mark.parametrize("batch", [1, 8, 32])
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_real_shapes_bf16(backend, batch, n, layout):
-    gen = torch.Generator(device="cuda").manual_seed(batch * 100 + n)
-    cpu_gen = torch.Generator().manual_seed(batch * 100 + n)
-    layers, heads, dim, prefix = 32, 8, 128, 256
-    make = stacked_caches if layout == "stacked" else separate_caches
-    k, v = make(layers, batch, heads, prefix + n, dim, torch.bfloat16, gen)
-    assert (_kv_layout.cache_layout(k, v).table is None) == (layout == "stacked")
-    for step in range(2):
-        seq_lens = torch.randint(0, prefix + 1, (batch,), generator=cpu_gen).cuda()
-        accepted = random_accepted(batch, n, cpu_gen).cuda()
-        run_both(backend, k, v, seq_lens, accepted)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-@pytest.mark.parametrize("layout", ["stacked", "separate"])
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_other_dtypes_and_int32_lengths(backend, layout, dtype):
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    cpu_gen = torch.Generator().manual_seed(1)
-    make = stacked_caches if layout == "stacked" else separate_caches
-    k, v = make(4, 6, 4, 48, 64, dtype, gen)
-    seq_lens = torch.randint(0, 17, (6,), generator=cpu_gen).int().cuda()
-    run_both(backend, k, v, seq_lens, random_accepted(6, 31, cpu_gen).cuda())
-
-
-@pytest.mark.parametrize("dim, offset", [(3, 1), (5, 0), (12, 2), (64, 1)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_misaligned_views_use_narrow_accesses(backend, dtype, dim, offset):
-    """Odd D or views starting `offset` elements into their storage: 2-, 4- or 8-byte words."""
-    gen = torch.Generator(device="cuda").manual_seed(dim)
-    cpu_gen = torch.Generator().manual_seed(dim)
-    layers, batch, heads, seq = 3, 5, 3, 40
-    flat = torch.randn(2 * layers * batch * heads * seq * dim + offset, generator=gen, device="cuda").to(dtype)
-    caches = list(flat[offset:].view(2 * layers, batch, heads, seq, dim))
-    vector = _kv_layout.cache_layout(caches[:layers], caches[layers:]).vector_bytes
-    assert vector < 16 or (dim * flat.element_size() % 16 == 0 and offset == 0)
-    run_both(backend, caches[:layers], caches[layers:], torch.randint(0, 9, (batch,), generator=cpu_gen).cuda(),
-             random_accepted(batch, 30, cpu_gen).cuda())
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_long_paths_span_several_tiles(backend):
-    """M far above one block of entries (CUDA stages blockDim entries at a time; B = 1 with one
-    small head also shrinks the CUDA block to 32 threads), and a Triton metadata loop step."""
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    cpu_gen = torch.Generator().manual_seed(3)
-    for heads, dim in ((1, 8), (8, 128)):
-        k, v = stacked_caches(2, 2, heads, 2000, dim, torch.bfloat16, gen)
-        picks = (torch.randperm(1500, generator=cpu_gen)[:1100] + 1).sort().values
-        accepted = torch.full((2, 1200), -1, dtype=torch.int64)
-        accepted[0, 0], accepted[0, 1:1101] = 0, picks
-        accepted[1, :700] = torch.arange(700) * 2  # chain for 1 entry, then every other node
-        run_both(backend, k, v, torch.tensor([7, 300]).cuda(), accepted.cuda())
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_unvalidated_out_of_range_rows_are_skipped(backend):
     """Rows whose source or destination lies outside [0, S_max) are skipped; memory around the
@@ -153,15 +69,6 @@ def test_unvalidated_out_of_range_rows_are_skipped(backend):
         assert torch.equal(cache[0, :, 3], old[0, :, 5]) and torch.equal(cache[0, :, 4], old[0, :, 4])
         assert torch.equal(cache[1], old[1])
         assert torch.equal(cache[2, :, 5], old[2, :, 6]) and torch.equal(cache[2, :, 6], old[2, :, 6])
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_no_layers_and_empty_batch(backend):
-    seq_lens = torch.tensor([4, 0], device="cuda")
-    accepted = torch.tensor([[0, 2, -1], [0, 1, 3]], device="cuda")
-    assert ops.kv_compact([], [], seq_lens, accepted, backend=backend).tolist() == [6, 3]
-    empty = ops.kv_compact([], [], seq_lens[:0], accepted[:0], backend=backend)
-    assert empty.shape == (0,)
 
 
 @pytest.mark.parametrize("layout", ["stacked", "separate"])

@@ -1,9 +1,15 @@
-"""GPU tests of the CUDA rejection_sample / rejection_sample_logits (csrc/rejection_sample.cu).
+"""GPU tests of rejection_sample / rejection_sample_logits (csrc/rejection_sample.cu, and Triton).
 
-Everything goes through the public ops with backend="cuda" and is compared with
-backend="torch" on the same GPU tensors: bit for bit for probabilities (every dtype, both
-randomness modes), and up to decisions within a tiny margin of their boundary for logits
-(the softmax sums are reduced in another order). Skips cleanly without CUDA or `_C`.
+The kernel cases are the catalog's (specdec_kernels/selftest/cases_chain.py at profile "full":
+V up to 151936, B up to 300, every dtype and randomness mode, ragged rows, small and odd
+vocabularies (1, 7, 2047, 2048, 2049, 8200, 50000), g = 0, the adversarial row patterns with
+out-of-range ids, an empty residual, strided / unaligned / expanded inputs, temperatures, CUDA-
+graph replays), through the public ops on backend "cuda" and "triton", judged as
+`specdec-kernels selftest` judges them: bit for bit for probabilities, and up to decisions
+within a tiny margin of their boundary for logits (the softmax sums are reduced in another
+order). Here besides: the per-stream workspace left zeroed, CUDA-graph replays that advance
+offsets and temperatures, and the distribution (chi-square over a large vocabulary).
+Skips cleanly without CUDA or `_C`.
 """
 
 import math
@@ -12,14 +18,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpu_support import CUDA_KERNEL_MARKS  # noqa: E402
+from catalog_support import catalog_cases, check_case  # noqa: E402
+from gpu_support import CUDA_KERNEL_MARKS, backends_here  # noqa: E402
 from specdec_kernels import ops  # noqa: E402
 
 pytestmark = CUDA_KERNEL_MARKS
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 dtype_id = lambda d: str(d).replace("torch.", "")  # noqa: E731
-INF, NAN = float("inf"), float("nan")
 DEV = "cuda"
 
 
@@ -44,19 +50,6 @@ def make_probs(batch, g, vocab, dtype, gen, *, zero_frac=0.2):
 def uniforms(batch, g, gen, dtype, zero_frac=0.1):
     u = torch.rand(batch, g + 1, generator=gen, device=DEV, dtype=torch.float64).to(dtype)
     return torch.where(torch.rand(u.shape, generator=gen, device=DEV) < zero_frac, torch.zeros_like(u), u)
-
-
-def all_modes(batch, g, gen):
-    """float32 / float64 uniforms (with exact 0.0 coins), an int seed with offsets (the counter
-    crosses 2^32), per-row seeds without offsets, and per-row seeds with offsets."""
-    offsets = torch.tensor([0, 2**32 - 2, 17, -5, 2**40, 3, 2**31 - 1], device=DEV).repeat(batch)[:batch]
-    return [
-        dict(uniforms=uniforms(batch, g, gen, torch.float32)),
-        dict(uniforms=uniforms(batch, g, gen, torch.float64)),
-        dict(seed=int(torch.randint(-2**62, 2**62, (1,), generator=gen, device=DEV)), offsets=offsets),
-        dict(seed=torch.randint(-2**63, 2**63 - 1, (batch,), generator=gen, device=DEV)),
-        dict(seed=torch.randint(-2**63, 2**63 - 1, (batch,), generator=gen, device=DEV), offsets=offsets.flip(0)),
-    ]
 
 
 def assert_in_range(out, accepted, vocab):
@@ -85,133 +78,17 @@ def cached_workspaces_are_zero():
     return all(int(ws.count_nonzero()) == 0 for ws in _launch._zeroed_workspaces.values())
 
 
-# ------------------------------------------------------------------ rejection_sample: shapes x dtypes x modes
+# ------------------------------------------------------------------ the catalog
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("vocab", (32000, 128256, 151936))
-@pytest.mark.parametrize("batch", (1, 3, 64))
-@pytest.mark.parametrize("g", (1, 4, 8))
-def test_matches_reference(dtype, vocab, batch, g):
-    gen = torch.Generator(device=DEV).manual_seed(vocab + 100 * batch + g)
-    target, draft, drafts = make_probs(batch, g, vocab, dtype, gen)
-    ragged = torch.randint(0, g + 1, (batch,), generator=gen, device=DEV)
-    for i, kwargs in enumerate(all_modes(batch, g, gen)):
-        assert_matches(target, draft, drafts, **kwargs)
-        if i in (1, 2, 4):
-            assert_matches(target, draft, drafts, num_draft_tokens=ragged, **kwargs)
-    assert cached_workspaces_are_zero()
+CATALOG_OPS = ("rejection_sample", "rejection_sample_logits")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("vocab", (1, 7, 2047, 2048, 2049, 8200, 50000))
-def test_small_and_odd_vocabularies(dtype, vocab):
-    gen = torch.Generator(device=DEV).manual_seed(vocab)
-    for batch, g in ((1, 3), (5, 1), (300, 2)):
-        target, draft, drafts = make_probs(batch, g, vocab, dtype, gen)
-        for kwargs in all_modes(batch, g, gen)[1:4]:
-            assert_matches(target, draft, drafts, **kwargs)
-            assert_matches(target, draft, drafts, num_draft_tokens=torch.randint(0, g + 1, (batch,), device=DEV,
-                                                                                 generator=gen), **kwargs)
-
-
-def test_no_drafts():
-    gen = torch.Generator(device=DEV).manual_seed(1)
-    target, draft, drafts = make_probs(4, 0, 32000, torch.float16, gen)
-    for kwargs in all_modes(4, 0, gen):
-        out, acc = assert_matches(target, draft, drafts, **kwargs)
-        assert acc.tolist() == [0] * 4
-
-
-# ------------------------------------------------------------------ adversarial rows
-
-def adversarial_rows(vocab, gen):
-    """(target row, draft row) pairs of fp32 [V] rows hitting the corner cases."""
-    base = torch.rand(vocab, generator=gen, device=DEV) ** 3
-    base /= base.sum()
-    other = torch.rand(vocab, generator=gen, device=DEV)
-    other /= other.sum()
-    zeros = torch.zeros(vocab, device=DEV)
-    rows = [(base, base),                                  # p == q: empty residual -> draw from p
-            (base, other),
-            (torch.full((vocab,), NAN, device=DEV), base),  # NaN target: nothing accepted, weights 0
-            (base, torch.full((vocab,), NAN, device=DEV)),  # NaN draft
-            (zeros, base),                                  # no target mass -> token 0
-            (zeros, zeros)]
-    r = zeros.clone(); r[-1] = 1.0; rows.append((r, base))                   # all mass on the last id
-    r = zeros.clone(); r[-3000:] = 1 / 3000; rows.append((r, zeros))         # last chunk only, q == 0
-    r = zeros.clone(); r[vocab // 2] = 1.0; rows.append((r, r.clone()))     # one-hot p == q
-    r = base.clone(); r[::7] = INF; rows.append((r, base))                  # +inf weighs 1
-    r = base.clone(); r[1::5] = -INF; rows.append((r, -other))              # negative / -inf weigh 0
-    rows.append((torch.ones(vocab, device=DEV), torch.full((vocab,), 0.5, device=DEV)))  # unnormalised
-    r = base.clone(); r[:vocab - 1] = 0; r[-1] = 1e-30; rows.append((r, zeros))  # below the 2^-40 grid: no mass
-    r = zeros.clone(); r[0] = 2.0**-40; r[-1] = 2.0**-40; rows.append((r, zeros))  # one weight unit each
-    return rows
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("vocab", (32000, 151936))
-def test_adversarial_rows(dtype, vocab):
-    g = 3
-    gen = torch.Generator(device=DEV).manual_seed(vocab + 1)
-    rows = adversarial_rows(vocab, gen)
-    n = len(rows)
-    batch = 2 * n
-    target = torch.empty(batch, g + 1, vocab, device=DEV)
-    draft = torch.empty(batch, g, vocab, device=DEV)
-    for b in range(batch):  # rotate the patterns so every pattern meets every position
-        for k in range(g + 1):
-            target[b, k] = rows[(b + k) % n][0]
-        for k in range(g):
-            draft[b, k] = rows[(b + k) % n][1]
-    target, draft = target.to(dtype), draft.to(dtype)
-    drafts = torch.randint(0, vocab, (batch, g), generator=gen, device=DEV)
-    drafts[:, 0] = vocab - 1
-    drafts[n:, 0] = 0
-    bad = torch.tensor([-1, vocab, vocab + 3, -(2**40), 2**40, 2**62], device=DEV)
-    drafts[::3, 1] = bad[torch.arange(0, batch, 3, device=DEV) % len(bad)]  # out-of-range ids: rejected
-    ragged = torch.arange(batch, device=DEV) % (g + 1)
-    for kwargs in all_modes(batch, g, gen):
-        assert_matches(target, draft, drafts, **kwargs)
-        assert_matches(target, draft, drafts, num_draft_tokens=ragged, **kwargs)
-    for split_b in (1, 4):  # fewer rows: more blocks per row
-        for kwargs in all_modes(split_b, g, gen)[:3]:
-            assert_matches(target[:split_b], draft[:split_b], drafts[:split_b], **kwargs)
-
-
-def test_empty_residual_never_leaves_the_vocabulary():
-    """p == q with the draft on a zero-probability token: rejected, residual identically 0.
-    FlashInfer reads uninitialised shared memory here; we must draw from p instead."""
-    vocab, batch = 128256, 8
-    p = torch.softmax(torch.randn(batch, 2, vocab, device=DEV), -1)
-    p[..., 0] = 0.0
-    q = p[:, :1].clone()
-    drafts = torch.zeros(batch, 1, dtype=torch.int64, device=DEV)
-    for kwargs in (dict(uniforms=torch.rand(batch, 2, device=DEV)), dict(seed=4)):
-        out, acc = assert_matches(p, q, drafts, **kwargs)
-        assert bool((acc == 0).all()) and bool((out[:, 0] > 0).all())
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_strided_and_unaligned_inputs(dtype):
-    gen = torch.Generator(device=DEV).manual_seed(7)
-    batch, g, vocab = 3, 4, 128256
-    big_t = torch.rand(batch, g + 3, vocab + 5, generator=gen, device=DEV).to(dtype)
-    big_q = torch.rand(batch, g + 2, vocab + 5, generator=gen, device=DEV).to(dtype)
-    drafts_big = torch.randint(0, vocab, (batch, 2 * g), generator=gen, device=DEV)
-    drafts = drafts_big[:, ::2]  # non-contiguous ids too
-    for cols in (slice(0, vocab), slice(1, vocab + 1), slice(5, vocab + 5)):  # aligned and unaligned rows
-        target = big_t[:, 1:g + 2, cols]
-        draft = big_q[:, 2:g + 2, cols]
-        assert not target.is_contiguous() and not draft.is_contiguous()
-        u = uniforms(batch * 2, g, gen, torch.float64)[::2]  # non-contiguous uniforms
-        assert_matches(target, draft, drafts, uniforms=u)
-        assert_matches(target, draft, drafts, seed=11, offsets=torch.arange(0, 6, 2, device=DEV)[:batch])
-        seeds = torch.randint(0, 2**62, (batch * 2,), device=DEV, generator=gen)[::2]
-        assert_matches(target, draft, drafts, seed=seeds, num_draft_tokens=torch.tensor([0, g, 2], device=DEV))
-    # expanded (stride 0) batch dimension
-    target = big_t[:1, :g + 1, :vocab].expand(batch, -1, -1)
-    draft = big_q[:1, :g, :vocab].expand(batch, -1, -1)
-    assert_matches(target, draft, drafts, seed=3)
+@pytest.mark.parametrize("backend", ("cuda", "triton"))
+@pytest.mark.parametrize("case", catalog_cases("full", "cuda", ops=CATALOG_OPS))
+def test_catalog_case(case, backend):
+    if backend not in backends_here(case.op):
+        pytest.skip(f"no {backend} backend of {case.op} here")
+    check_case(case, backend, "cuda", profile="full", graphs=True)
 
 
 # ------------------------------------------------------------------ workspace, graphs, statistics
@@ -316,16 +193,6 @@ def test_seeded_mode_is_lossless_chi_square(dtype):
 
 # ------------------------------------------------------------------ rejection_sample_logits
 
-def make_logits(batch, g, vocab, dtype, gen, scale=3.0):
-    t = torch.randn(batch, g + 1, vocab, generator=gen, device=DEV) * scale
-    q = t[:, :g] + torch.randn(batch, g, vocab, generator=gen, device=DEV) * 0.7
-    if g:
-        drafts = torch.multinomial(torch.softmax(q.to(dtype).float(), -1).reshape(-1, vocab), 1,
-                                   generator=gen).reshape(batch, g)
-    else:
-        drafts = torch.empty(batch, 0, dtype=torch.int64, device=DEV)
-    return t.to(dtype), q.to(dtype), drafts
-
 
 def _row_uniforms(kwargs, b, batch, g, accepted):
     """Row b's float64 uniforms [g+1] as the op uses them: the coins, then the final draw
@@ -385,48 +252,6 @@ def assert_logits_match(target_logits, draft_logits, drafts, temperature=1.0, ma
         assert _boundary_explains(b, target_logits, draft_logits, drafts, temperature, kwargs, got, want), \
             f"row {b}: cuda {got[0][b].tolist()} torch {want[0][b].tolist()}"
     return got
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("vocab", (32000, 151936))
-@pytest.mark.parametrize("batch,g", ((1, 4), (3, 8), (64, 1), (64, 4)))
-def test_logits_match_reference(dtype, vocab, batch, g):
-    gen = torch.Generator(device=DEV).manual_seed(vocab + batch + g)
-    t, q, drafts = make_logits(batch, g, vocab, dtype, gen)
-    ragged = torch.randint(0, g + 1, (batch,), generator=gen, device=DEV)
-    temps = torch.rand(batch, generator=gen, device=DEV) + 0.3
-    for i, kwargs in enumerate(all_modes(batch, g, gen)):
-        assert_logits_match(t, q, drafts, **kwargs)
-        assert_logits_match(t, q, drafts, temperature=0.6, num_draft_tokens=ragged, **kwargs)
-        if i in (0, 3):
-            assert_logits_match(t, q, drafts, temperature=temps, **kwargs)
-    assert cached_workspaces_are_zero()
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_logits_adversarial_rows(dtype):
-    vocab, g = 32000, 2
-    gen = torch.Generator(device=DEV).manual_seed(12)
-    base = torch.randn(vocab, generator=gen, device=DEV)
-    rows = [base]
-    r = base.clone(); r[5] = NAN; rows.append(r)                     # NaN: softmax all NaN
-    r = base.clone(); r[-1] = INF; rows.append(r)                    # +inf: all NaN
-    rows.append(torch.full((vocab,), -INF, device=DEV))              # all -inf: all NaN
-    r = torch.full((vocab,), -INF, device=DEV); r[-1] = 0.0; rows.append(r)  # one finite logit, last id
-    r = torch.full((vocab,), -INF, device=DEV); r[20000:] = base[20000:]; rows.append(r)  # -inf chunks
-    rows.append(torch.zeros(vocab, device=DEV))                      # uniform
-    rows.append(base * 50)                                           # very peaked
-    n = len(rows)
-    batch = n
-    target = torch.stack([torch.stack([rows[(b + k) % n] for k in range(g + 1)]) for b in range(batch)]).to(dtype)
-    draft = torch.stack([torch.stack([rows[(b + k + 3) % n] for k in range(g)]) for b in range(batch)]).to(dtype)
-    drafts = torch.randint(0, vocab, (batch, g), generator=gen, device=DEV)
-    drafts[:, 0] = vocab - 1
-    drafts[1, 1] = -1
-    ragged = torch.arange(batch, device=DEV) % 3
-    for kwargs in all_modes(batch, g, gen):
-        assert_logits_match(target, draft, drafts, **kwargs)
-        assert_logits_match(target, draft, drafts, temperature=0.5, num_draft_tokens=ragged, **kwargs)
 
 
 def test_logits_strided_workspace_and_graph():

@@ -1,6 +1,16 @@
 """GPU tests of the CUDA tree_attention (csrc/tree_attention.cu).
 
-Every case runs the public op with backend="cuda" and compares it with two oracles:
+The kernel cases come from the case catalog (specdec_kernels/selftest/cases_attention.py, the
+"full" tier, the one `specdec-kernels selftest` runs; the same cases run on triton in
+test_gpu_tree_attention_triton.py): heads (32/8, 8/8, 28/4) x D (64, 128) x dtypes x chain / tree
+with boosted draft keys and NaN past each row, draft sizes and batches at 4K prefixes, 32K
+prefixes (uniform and ragged), paged pools (page sizes 1 / 16 / 64 / 48, int32 and int64 indices,
+NHD and HND views), strided inputs, head dims without a tensor-core kernel, N = 130 with sm_scale,
+and CUDA-graph capture replayed on new values. The tests below check what the catalog cannot
+express: the per-path oracle, paged == contiguous bit for bit, strided == contiguous bit for bit,
+determinism and the workspace handed back zeroed.
+
+Every test below runs the public op with backend="cuda" and compares it with two oracles:
   * reference.tree_attention (the torch specification; a paged cache is first gathered
     into a contiguous one here, independently of the op's own paged path), and
   * for trees, a float64 per-path oracle: each node is plain, unmasked attention over its
@@ -23,6 +33,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from catalog_support import catalog_cases, check_case  # noqa: E402
 from gpu_support import CUDA_KERNEL_MARKS, _C  # noqa: E402
 from test_gpu_tree_verify import random_parents  # noqa: E402
 
@@ -163,51 +174,11 @@ def same_plan(q, hkv, capacity_a, capacity_b):
     return plans[0] == plans[1]
 
 
-def assert_tree_matters(q, k, v, seq_lens, parents, dtype):
-    """The test can fail: the chain answer differs from the tree answer by far more than the
-    tolerance, so a wrong ancestor bit cannot hide inside it."""
-    tree, _ = reference.tree_attention(q, k, v, seq_lens, parents)
-    chain, _ = reference.tree_attention(q, k, v, seq_lens, None)
-    assert float((tree.float() - chain.float()).abs().max()) > 10 * TOL[dtype]["atol"]
-
-
 # ----------------------------------------------------------------------------- tests
 
-@pytest.mark.parametrize("tree", ["chain", "random"])
-@pytest.mark.parametrize("heads", HEADS, ids=HEAD_IDS)
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=DTYPE_IDS)
-def test_matches_reference(dtype, D, heads, tree):
-    hq, hkv = heads
-    for N, prefixes in ((8, [0, 777, 2048]), (32, [1500, 3, 64])):
-        q, k, v, seq_lens, parents = make_inputs(3, N, hq, hkv, D, dtype, prefixes, tree=tree, seed=N + D)
-        check(q, k, v, seq_lens, parents)
-        if tree == "random":
-            assert_tree_matters(q, k, v, seq_lens, parents, dtype)
-
-
-@pytest.mark.parametrize("B", [1, 3, 8])
-@pytest.mark.parametrize("N", [1, 8, 32, 64])
-def test_draft_sizes_and_batches(N, B):
-    prefixes = [4096 - 97 * b for b in range(B)]  # ragged
-    q, k, v, seq_lens, parents = make_inputs(B, N, 32, 8, 128, torch.bfloat16, prefixes, seed=N * B)
-    check(q, k, v, seq_lens, parents)
-    q, k, v, seq_lens, _ = make_inputs(B, N, 32, 8, 128, torch.bfloat16, prefixes, tree="chain", seed=N * B + 1)
-    check(q, k, v, seq_lens, None)
-
-
-@pytest.mark.parametrize("ragged", [False, True], ids=["uniform", "ragged"])
-@pytest.mark.parametrize("N", [8, 64])
-@pytest.mark.parametrize("B", [1, 8])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS)
-def test_long_prefixes(dtype, B, N, ragged):
-    """Up to 32768 prefix keys: many prefix splits per row (B = 1) and the LSE merge."""
-    prefix = 32768
-    gen = torch.Generator().manual_seed(B * N)
-    prefixes = [int(torch.randint(prefix // 2, prefix + 1, (1,), generator=gen)) if ragged else prefix
-                for _ in range(B)]
-    q, k, v, seq_lens, parents = make_inputs(B, N, 32, 8, 128, dtype, prefixes, s_max=prefix + 64, seed=B + N)
-    check(q, k, v, seq_lens, parents)
+@pytest.mark.parametrize("case", catalog_cases("full", DEVICE, ops=("tree_attention",)))
+def test_catalog_case(case):
+    check_case(case, "cuda", DEVICE, profile="full", graphs=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=DTYPE_IDS)
@@ -234,13 +205,6 @@ def test_paged(dtype, page_size, index_dtype, hnd):
     if same_plan(q, k.shape[1], k.shape[2], table.shape[1] * page_size):  # same keys, tiles and splits: same bits
         torch.testing.assert_close(out, contiguous_out, atol=0, rtol=0)
         torch.testing.assert_close(lse, contiguous_lse, atol=0, rtol=0)
-
-
-def test_paged_long_rows_many_splits():
-    N, prefixes = 32, [32768 - 5, 20000]
-    q, k, v, seq_lens, parents = make_inputs(2, N, 32, 8, 128, torch.bfloat16, prefixes, seed=7)
-    k_pool, v_pool, table = to_pages(k, v, seq_lens, N, 16, seed=7)
-    check(q, k_pool, v_pool, seq_lens, parents, block_table=table)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=DTYPE_IDS)
@@ -306,29 +270,3 @@ def test_deterministic_and_workspace_left_zeroed():
         assert not bool(buffer.any())
 
 
-@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-def test_cuda_graph_capture_and_replay(paged):
-    """Captured once, replayed with new queries, keys, lengths and trees written in place."""
-    B, N, hq, hkv, D, s_max = 4, 16, 32, 8, 128, 4096
-    shapes = dict(s_max=s_max, unused_frac=0.2)
-    q, k, v, seq_lens, parents = make_inputs(B, N, hq, hkv, D, torch.bfloat16, [100, 3000, 0, 1777], seed=1,
-                                             **shapes)
-    table = None
-    if paged:  # one page per 16 positions, the pool in a fixed random order; new rows are rewritten into it
-        k, v, table = to_pages(k, v, torch.full((B,), s_max - N), N, 16, seed=1)
-    cuda_attention(q, k, v, seq_lens, parents, block_table=table)  # warm-up: kernel attributes, workspace
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = cuda_attention(q, k, v, seq_lens, parents, block_table=table)
-    for seed, prefixes in ((2, [4000, 0, 17, 2222]), (3, [1, 4080, 900, 64])):
-        q2, k2, v2, lens2, parents2 = make_inputs(B, N, hq, hkv, D, torch.bfloat16, prefixes, seed=seed, **shapes)
-        if paged:
-            k2, v2, _ = to_pages(k2, v2, torch.full((B,), s_max - N), N, 16, seed=1)  # same page order
-        for dst, src in ((q, q2), (k, k2), (v, v2), (seq_lens, lens2), (parents, parents2)):
-            dst.copy_(src)
-        graph.replay()
-        rk, rv = (k, v) if table is None else contiguous_from_pages(k, v, table, seq_lens, N)
-        want_out, want_lse = reference.tree_attention(q, rk, rv, seq_lens, parents)
-        torch.testing.assert_close(out.float(), want_out.float(), **TOL[torch.bfloat16])
-        torch.testing.assert_close(lse, want_lse, **LSE_TOL)

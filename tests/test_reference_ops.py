@@ -272,6 +272,15 @@ def test_tree_attention_matches_per_node_loop(dtype, use_tree, page_size, attent
     assert torch.allclose(lse.double(), torch.tensor(want_lse, dtype=torch.float64), atol=1e-5, rtol=1e-5)
 
 
+def test_tree_attention_of_zero_new_tokens_is_empty(attention_path):
+    """N = 0 (a row with nothing drafted) returns empty outputs: torch's fused CPU kernel used to die of
+    SIGFPE on zero query rows, taking the process with it."""
+    q = torch.randn(2, 0, 4, 8)
+    k, v = torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8)
+    out, lse = ops.tree_attention(q, k, v, torch.tensor([3, 9]), None, backend="torch")
+    assert out.shape == (2, 0, 4, 8) and lse.shape == (2, 0, 4) and lse.dtype == torch.float32
+
+
 def test_paged_from_contiguous_round_trips():
     gen = torch.Generator().manual_seed(3)
     cache = torch.randn(3, 2, 11, 4, generator=gen)

@@ -19,6 +19,11 @@ from specdec_kernels.selftest import runner
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def tiny_cases(op):
+    """The catalog's cases of `op` at the CPU dev mode's profile."""
+    return [case for family in selftest.CASE_FAMILIES for case in family("tiny", torch.device("cpu")) if case.op == op]
+
+
 def run_command(*args, env=None, timeout=300):
     return subprocess.run([sys.executable, "-m", "specdec_kernels", "selftest", *args], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=timeout)
@@ -37,15 +42,18 @@ def test_dev_mode_subset_passes_and_writes_the_matrix(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["CUDA_VISIBLE_DEVICES"] = ""
     path, lines = tmp_path / "selftest.json", tmp_path / "selftest.jsonl"
-    out = run_command("--device", "cpu", "--ops", "greedy_verify,tree_attention,kv_compact,kv_rollback,engine",
-                      "--json", str(path), "--jsonl", str(lines), env=env)
+    # the kernel families' catalog cases run in tests/test_triton_*.py (check_case judges them as the selftest does):
+    # here one Triton op, one torch-only op and the engine, for the dev mode's own machinery
+    out = run_command("--device", "cpu", "--ops", "greedy_verify,kv_rollback,engine",
+                      "--json", str(path), "--jsonl", str(lines), env=env,
+                      timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(path.read_text())
     assert result["summary"]["ok"] and result["summary"]["finished"] and result["summary"]["failed"] == 0
     assert result["header"]["profile"] == "tiny" and result["header"]["torch"] == torch.__version__
     matrix = result["matrix"]
-    assert set(matrix) == {"greedy_verify", "tree_attention", "kv_compact", "kv_rollback", "engine"}
-    assert matrix["greedy_verify"]["triton"]["pass"] == 6  # 2 shapes x 3 dtypes, interpreted Triton
+    assert set(matrix) == {"greedy_verify", "kv_rollback", "engine"}
+    assert matrix["greedy_verify"]["triton"]["pass"] == len(tiny_cases("greedy_verify"))  # interpreted Triton
     assert matrix["kv_rollback"]["torch"]["pass"] >= 1
     # plain, speculative (chain and tree), specdec, bild, ppd vs HF greedy of each prompt alone; the bfloat16
     # graphs-vs-eager check needs CUDA graphs
@@ -236,7 +244,10 @@ def test_a_wrong_token_is_a_failure(monkeypatch, capsys, tmp_path):
     assert status == selftest.EXIT_FAILED == 1
     assert "FAIL greedy_verify [triton]" in out.out and "output_tokens: 1 entries differ" in out.out
     result = json.loads(path.read_text())
-    assert result["matrix"]["greedy_verify"]["triton"]["fail"] == 6 and not result["summary"]["ok"]
+    # every case but those where id + 1 mod V is the same id (V = 1)
+    greedy = result["matrix"]["greedy_verify"]["triton"]
+    assert greedy["fail"] >= 6 and greedy["fail"] + greedy["pass"] == len(tiny_cases("greedy_verify"))
+    assert not result["summary"]["ok"]
     assert result["matrix"]["kv_rollback"]["torch"]["pass"] == 1  # the run went on, the other op unaffected
 
 
@@ -260,7 +271,7 @@ def test_a_wrong_sampled_token_is_not_excused_as_a_boundary_case(monkeypatch, ca
 
     _break(monkeypatch, "rejection_sample_logits", resampled)
     status, out = _run_in_process(monkeypatch, capsys, "--ops", "rejection_sample_logits")
-    assert status == 1 and out.out.count("FAIL rejection_sample_logits [triton]") == 6
+    assert status == 1 and out.out.count("FAIL rejection_sample_logits [triton]") >= 6  # V = 1 / B = 0 cannot tell
 
 
 def _wrong_first_row(fn, index=0, delta=1):
@@ -297,7 +308,8 @@ def test_an_exception_is_a_failure_and_the_run_goes_on(monkeypatch, capsys, tmp_
     status, out = _run_in_process(monkeypatch, capsys, "--ops", "kv_compact,kv_rollback", "--json", str(path))
     assert status == 1 and "RuntimeError: kernel exploded" in out.out
     matrix = json.loads(path.read_text())["matrix"]
-    assert matrix["kv_compact"]["triton"]["fail"] == 6 and matrix["kv_rollback"]["torch"] == {"pass": 1, "fail": 0, "skip": 0}
+    assert matrix["kv_compact"]["triton"]["fail"] == len(tiny_cases("kv_compact"))
+    assert matrix["kv_rollback"]["torch"] == {"pass": 1, "fail": 0, "skip": 0}
 
 
 def test_usage_errors(capsys):
@@ -322,5 +334,5 @@ def test_a_lost_cuda_context_stops_the_remaining_checks(monkeypatch, capsys, tmp
     status, out = _run_in_process(monkeypatch, capsys, "--ops", "greedy_verify,kv_rollback", "--json", str(path))
     assert status == 1 and "illegal memory access" in out.out and "poisoned the context" in out.out
     matrix = json.loads(path.read_text())["matrix"]
-    assert matrix["greedy_verify"]["triton"] == {"pass": 0, "fail": 1, "skip": 5}
+    assert matrix["greedy_verify"]["triton"] == {"pass": 0, "fail": 1, "skip": len(tiny_cases("greedy_verify")) - 1}
     assert matrix["kv_rollback"]["torch"] == {"pass": 0, "fail": 0, "skip": 1}

@@ -1,15 +1,22 @@
 """The Triton rejection_sample_logits backend against the torch reference.
 
-exp and the summation order differ from torch's in the last ulps, so the comparison is exact
-everywhere except on rows where a decision lies within MARGIN of its boundary, measured on
-float64 probabilities (`near_boundary_rows`): a coin with |u q - p| < MARGIN max(p, q), or a
-final draw whose threshold u * total is within MARGIN (probability units) of a cdf step, or
-whose residual mass is below 10 MARGIN. Such rows must be rare; every other row must match.
-Runs on CPU tensors under the Triton interpreter (TRITON_INTERPRET=1), so shapes are small.
+The cases are the catalog's (specdec_kernels/selftest/cases_chain.py at profile "tiny": every
+randomness mode, ragged rows, temperatures 1 / 0.6 / 1.7 / per row, -1 drafts, V = 1, g = 0,
+an empty batch, the adversarial rows (NaN / inf / all -inf / huge / p == q / NaN q / NaN
+bonus), identical logits, strided / unaligned / position-major / column-major inputs), judged
+as `specdec-kernels selftest` judges them: exp and the summation order differ from torch's in
+the last ulps, so rows may differ only where a decision lies within 1e-4 of its boundary
+(float64), at most 2% of them. Here besides, with this file's stricter near-boundary rule
+(MARGIN below): the launch plans the catalog cannot pick (split rows), seeded determinism and
+batch invariance, and the distribution (chi-square, with a mutation check). Here a row may
+differ only where a decision lies within MARGIN of its boundary, measured on float64
+probabilities (`near_boundary_rows`). Runs on CPU tensors under the Triton interpreter
+(TRITON_INTERPRET=1), so shapes are small.
 """
 
 import pytest
 import torch
+from catalog_support import catalog_cases, check_case
 from scipy import stats
 
 from specdec_kernels import ops, reference
@@ -25,9 +32,12 @@ pytestmark = [
 ]
 
 INF, NAN = float("inf"), float("nan")
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-dtype_id = lambda d: str(d).replace("torch.", "")  # noqa: E731
 MARGIN = 1e-5
+
+
+@pytest.mark.parametrize("case", catalog_cases("tiny", "cpu", ops=("rejection_sample_logits",)))
+def test_catalog_case(case):
+    check_case(case, "triton", "cpu")
 
 
 # ------------------------------------------------------------------ helpers
@@ -141,33 +151,7 @@ def random_modes(batch, g, gen):
     ]
 
 
-def random_temperature(batch, gen, k):
-    choice = k % 4
-    if choice == 3:
-        return 0.3 + 2 * torch.rand(batch, generator=gen)  # per-row float32 temperatures
-    return (1.0, 0.6, 1.7)[choice]
-
-
-# ------------------------------------------------------------------ random shapes
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("case", range(2))
-def test_matches_reference(dtype, case):
-    gen = torch.Generator().manual_seed(1000 * case + DTYPES.index(dtype))
-    rows = near_rows = 0
-    for k in range(6):
-        batch = int(torch.randint(1, 7, (1,), generator=gen))
-        g = int(torch.randint(0, 5, (1,), generator=gen))
-        vocab = (1, 5, 64, 300)[int(torch.randint(0, 4, (1,), generator=gen))]
-        temperature = random_temperature(batch, gen, k + case)
-        target, draft, drafts = random_case(batch, g, vocab, dtype, gen, scale=(1.0, 3.0)[k % 2],
-                                            temperature=temperature)
-        counts = torch.randint(0, g + 1, (batch,), generator=gen) if k % 3 == 1 else None
-        random = random_modes(batch, g, gen)[(k + case) % 4]
-        near, _ = check(target, draft, drafts, temperature=temperature, num_draft_tokens=counts, **random)
-        rows += batch
-        near_rows += int(near.sum())
-    assert near_rows <= max(1, rows // 50), (near_rows, rows)
+# ------------------------------------------------------------------ launch plans
 
 
 @pytest.mark.parametrize("vocab,block_v,tiles,max_splits,mode", [(200, 16, 2, 64, 1), (200, 16, 1, 4, 2),
@@ -186,107 +170,6 @@ def test_split_rows(vocab, block_v, tiles, max_splits, mode):
     near, _ = check(target, draft, drafts, temperature=torch.tensor([0.5, 1.0, 1.5, 2.5]),
                     num_draft_tokens=torch.tensor([3, 2, 0, 1]), launch=launch, **random_modes(4, 3, gen)[mode])
     assert int(near.sum()) <= 1
-
-
-def test_no_drafts_and_empty_batch():
-    gen = torch.Generator().manual_seed(3)
-    target, draft, drafts = random_case(3, 0, 50, torch.float16, gen)
-    for random in random_modes(3, 0, gen)[::2]:
-        near, (out, accepted) = check(target, draft, drafts, temperature=0.8, **random)
-        assert accepted.tolist() == [0, 0, 0] and not bool(near.any())
-    out, accepted = ops.rejection_sample_logits(torch.rand(0, 3, 10), torch.rand(0, 2, 10),
-                                                torch.zeros(0, 2, dtype=torch.int64), seed=1, backend="triton")
-    assert out.shape == (0, 3) and accepted.shape == (0,)
-
-
-# ------------------------------------------------------------------ adversarial rows
-
-def adversarial_case(dtype):
-    """One crafted row per case, g = 3, V = 64."""
-    batch, g, vocab = 11, 3, 64
-    gen = torch.Generator().manual_seed(21)
-    target, draft, drafts = random_case(batch, g, vocab, torch.float32, gen, pad=0.0)
-    target[0, 0, 7] = NAN  # NaN in the target row: p is NaN -> rejected at 0, no mass -> id 0
-    target[1, 1, 9] = INF  # +inf: torch.softmax gives an all-NaN row too
-    target[1, 0] = draft[1, 0]  # (position 0 accepted, so position 1 is reached)
-    target[2, 0] = -INF  # all -inf: all-NaN row
-    target[3] = torch.randn(g + 1, vocab, generator=gen) * 1e4  # huge logits (fp16 holds +-6e4)
-    draft[3] = target[3, :g] + torch.randn(g, vocab, generator=gen) * 1e3
-    drafts[3] = torch.argmax(draft[3], -1)
-    target[4, :g] = draft[4]  # identical logits: always accepted (p == q) ...
-    target[4, 1, 5] = draft[4, 1, 5] = -INF  # ... but a draft on a -inf id rejects, residual empty -> p
-    drafts[4, 1] = 5
-    draft[5, 0, 3] = NAN  # NaN q row: rejected, NaN residual -> draw from p
-    target[6, 0] = draft[6, 0]
-    draft[6, 1, 11] = INF  # +inf in q at position 1
-    draft[7, 0] = -INF  # all -inf q row
-    target[8, :g] = draft[8]  # every draft accepted, then an all-NaN bonus row -> id 0
-    target[8, g, ::3] = NAN
-    target[9, 0, 32:] = -INF  # a draft on a -inf target id: p = 0 rejects; residual p - q
-    drafts[9, 0] = 40
-    target[10, :, :] = 0.0  # uniform target, one-hot-ish draft: residual on everything but the draft
-    draft[10, :, :] = -1e4
-    draft[10, torch.arange(g), drafts[10]] = 0.0
-    return target.to(dtype), draft.to(dtype), drafts
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_adversarial_rows(dtype):
-    target, draft, drafts = adversarial_case(dtype)
-    batch, g = drafts.shape
-    gen = torch.Generator().manual_seed(22)
-    modes = [dict(uniforms=torch.rand(batch, g + 1, generator=gen, dtype=torch.float64)),
-             dict(uniforms=torch.full((batch, g + 1), 1.0 - 2**-53, dtype=torch.float64)),  # largest u
-             dict(uniforms=torch.zeros(batch, g + 1)),  # every coin and draw at exactly 0
-             dict(seed=torch.arange(batch) * 7919 + 5)]
-    temperatures = (1.0, torch.tensor([0.5, 1.0, 2.0, 0.7, 1.3, 1.0, 0.9, 1.1, 3.0, 0.25, 1.0]))
-    for i, random in enumerate(modes):
-        for temperature in temperatures if i == 0 else temperatures[i % 2:i % 2 + 1]:  # 5 runs
-            near, (out, accepted) = check(target, draft, drafts, temperature=temperature, **random)
-            assert not bool(near[[0, 1, 2, 4, 5, 7, 8]].any()), (near.tolist(), sorted(random))
-            assert accepted[0] == 0 and out[0, 0] == 0  # NaN target row
-            assert accepted[1] == 1 and out[1, 1] == 0  # +inf at position 1: all-NaN row
-            assert accepted[2] == 0 and out[2, 0] == 0  # all -inf target row
-            assert accepted[4] == 1  # p == q accepts; p = q = 0 rejects
-            assert accepted[5] == 0 and accepted[7] == 0  # NaN q rows reject
-            assert accepted[8] == g and out[8, g] == 0  # NaN bonus row
-            assert accepted[9] == 0 and 0 <= int(out[9, 0]) < 32  # residual only where p > 0
-            if accepted[10] < g:
-                assert out[10, accepted[10]] != drafts[10, accepted[10]]
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_identical_logits_draw_from_p(dtype):
-    """p == q at the rejection (forced by a draft on a -inf id): the residual is empty in the
-    kernel too (same float32 arithmetic on both rows), so the draw comes from p."""
-    gen = torch.Generator().manual_seed(31)
-    batch, g, vocab = 6, 2, 40
-    target = torch.randn(batch, g + 1, vocab, generator=gen).to(dtype)
-    target[:, 0, :4] = -INF
-    draft = target[:, :g].clone()
-    drafts = torch.stack([torch.arange(batch) % 4, torch.zeros(batch, dtype=torch.int64)], 1)
-    u = torch.rand(batch, g + 1, generator=gen, dtype=torch.float64)
-    near, (out, accepted) = check(target, draft, drafts, temperature=0.7, uniforms=u)
-    assert not bool(near.any()) and accepted.tolist() == [0] * batch
-    p0 = torch.softmax(target[:, 0].float() / 0.7, dim=-1)  # the reference's float32 softmax
-    manual, _ = sample_weights(to_weights(p0), u[:, g])
-    assert torch.equal(out[:, 0], manual) and bool((out[:, 0] >= 4).all())
-
-
-def test_strided_inputs():
-    batch, g, vocab = 3, 2, 100
-    gen = torch.Generator().manual_seed(41)
-    target, draft, drafts = random_case(batch, g, vocab, torch.bfloat16, gen, pad=0.0)
-    big = torch.zeros(batch, g + 3, vocab, dtype=torch.bfloat16)
-    big[:, 1:g + 2] = target
-    target_view = big[:, 1:g + 2]
-    draft_view = draft.transpose(0, 1).contiguous().transpose(0, 1)
-    drafts_view = drafts.t().contiguous().t()
-    temperature = torch.tensor([0.5, 0.0, 1.5, 0.0, 1.0, 0.0])[::2]
-    assert not (target_view.is_contiguous() or draft_view.is_contiguous() or temperature.is_contiguous())
-    near, _ = check(target_view, draft_view, drafts_view, temperature=temperature,
-                    num_draft_tokens=torch.tensor([2, 9, 1, 9, 0, 9])[::2], seed=torch.tensor([5, 0, 6, 0, 7, 0])[::2])
-    assert not bool(near.any())
 
 
 # ------------------------------------------------------------------ seeded mode

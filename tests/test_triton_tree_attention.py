@@ -1,10 +1,14 @@
 """The Triton tree_attention backend against the torch reference and the branch-equivalence
 oracle (tests/oracles.py), on CPU tensors under the Triton interpreter.
 
-Shapes stay small (the interpreter runs every program in numpy); small BLOCK_N, BLOCK_M
-and forced split counts make the few keys span several tiles, M blocks and splits. Cache
-slots a row must not read (past seq_lens[b] + N, unused pages) hold NaN, so any stray
-read shows up in the output.
+The kernel cases come from the case catalog (specdec_kernels/selftest/cases_attention.py, the
+"tiny" tier, judged as `specdec-kernels selftest` judges them): every dtype, layout (contiguous,
+paged, HND pools) and mask kind, GQA groups, split counts (empty splits included), M blocks, head
+dims, page sizes, node counts, unused slots, a row filling the cache, strided inputs, sm_scale and
+empty batches. Small BLOCK_N, BLOCK_M and forced split counts (the cases' triton_overrides) make
+the few keys span several tiles, M blocks and splits; cache slots a row must not read hold NaN.
+What the catalog cannot express stays here: the independent per-path oracle, a chain passed as
+parents being bit-identical to parents=None, and unvalidated out-of-range values.
 """
 
 import math
@@ -17,10 +21,8 @@ from specdec_kernels.reference.attention import paged_from_contiguous
 from specdec_kernels.triton import tree_attention as triton_module
 
 import oracles
+from catalog_support import catalog_cases, check_case
 from test_triton_tree_verify import random_parents
-
-dtype_id = lambda d: str(d).replace("torch.", "")  # noqa: E731
-
 
 def make_case(seq_lens, n, hq, hkv, d, dtype, *, layout="contiguous", page_size=4, tree=True, spare=0, seed=0):
     """Inputs of one call; the cache holds NaN wherever a row must not read."""
@@ -76,17 +78,9 @@ def assert_matches_reference(case, got=None, **overrides):
 
 # ------------------------------------------------------------------ against the reference
 
-# every dtype, layout and mask kind, each with the others (not the full product: the interpreter is slow)
-COMBOS = [(torch.float32, "contiguous", False), (torch.float32, "contiguous", True), (torch.float16, "contiguous", True),
-          (torch.bfloat16, "contiguous", False), (torch.float32, "paged", False), (torch.float16, "paged", True),
-          (torch.bfloat16, "paged", True), (torch.bfloat16, "hnd", True), (torch.float32, "hnd", False)]
-
-
-@pytest.mark.parametrize("dtype, layout, tree", COMBOS,
-                         ids=[f"{dtype_id(d)}-{lay}-{'tree' if t else 'chain'}" for d, lay, t in COMBOS])
-def test_matches_reference(dtype, layout, tree):
-    case = make_case([0, 21, 70], 7, 4, 2, 16, dtype, layout=layout, tree=tree, spare=5)
-    assert_matches_reference(case, num_splits=3, block_n=16)
+@pytest.mark.parametrize("case", catalog_cases("tiny", "cpu", ops=("tree_attention",)))
+def test_catalog_case(case):
+    check_case(case, "triton", "cpu")
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
@@ -101,47 +95,6 @@ def test_branch_equivalence_oracle(layout):
     assert torch.allclose(lse.double(), torch.tensor(want_lse, dtype=torch.float64), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("hq, hkv", [(1, 1), (4, 4), (8, 1), (6, 2)])
-def test_gqa_groups(hq, hkv):
-    case = make_case([9, 33], 5, hq, hkv, 16, torch.float32, seed=hq * 10 + hkv)
-    assert_matches_reference(case, num_splits=2, block_n=16)
-
-
-@pytest.mark.parametrize("num_splits", [1, 2, 5, 12])
-def test_split_counts_give_the_same_answer(num_splits):
-    """12 splits of at most 6 tiles of prefix leave splits empty: the merge must ignore them."""
-    case = make_case([0, 17, 90], 5, 4, 2, 16, torch.float32, seed=3)
-    assert_matches_reference(case, num_splits=num_splits, block_n=16)
-
-
-@pytest.mark.parametrize("block_m", [16, 32])
-def test_several_m_blocks(block_m):
-    """N * group = 9 * 4 = 36 packed rows over 3 (or 2) programs per KV head."""
-    case = make_case([4, 50], 9, 8, 2, 16, torch.float16, seed=4)
-    assert_matches_reference(case, num_splits=2, block_m=block_m, block_n=16)
-
-
-@pytest.mark.parametrize("d", [8, 24, 64])
-def test_head_dims(d):
-    """D below the 16-wide dot minimum and a non-power of two are padded and masked."""
-    case = make_case([6, 30], 4, 4, 2, d, torch.float32, seed=d)
-    assert_matches_reference(case, num_splits=2, block_n=16)
-
-
-@pytest.mark.parametrize("page_size", [1, 3, 16, 32])
-def test_page_sizes(page_size):
-    """Pages smaller than, not dividing, equal to and larger than a tile."""
-    case = make_case([5, 47, 0], 6, 4, 2, 16, torch.bfloat16, layout="paged", page_size=page_size, seed=page_size)
-    assert_matches_reference(case, num_splits=2, block_n=16)
-
-
-@pytest.mark.parametrize("n", [1, 2, 17, 33])
-def test_node_counts(n):
-    """From the root alone to more nodes than one 32-bit word of ancestor bits."""
-    case = make_case([11, 0], n, 2, 1, 16, torch.float32, seed=n)
-    assert_matches_reference(case, num_splits=2, block_n=16)
-
-
 def test_deep_chain_as_parents_equals_the_causal_chain():
     """A chain passed as parents (depth N - 1, so every squaring of the ancestor closure
     is needed) masks exactly like parents=None: the outputs are bit-identical."""
@@ -153,49 +106,15 @@ def test_deep_chain_as_parents_equals_the_causal_chain():
     assert_matches_reference(case, got=chain)
 
 
-def test_unused_slots_see_the_prefix_and_themselves():
-    case = make_case([12, 3], 6, 2, 1, 16, torch.float32, seed=2)
-    case["parents"] = torch.tensor([[-1, 0, -1, 1, -1, 3], [-1, -1, -1, -1, -1, -1]])
-    assert_matches_reference(case, num_splits=2, block_n=16)
-
-
-def test_ragged_lengths_with_a_full_row():
-    """seq_lens[b] + N == S_max for one row, 0 for another, through the op's own choices."""
-    case = make_case([0, 13, 45], 4, 4, 2, 16, torch.bfloat16, seed=6)
-    assert case["k_cache"].shape[2] == 45 + 4
-    assert_matches_reference(case, got=run_triton(case))
-
-
-def test_strided_inputs():
-    """q and the caches as views with padded strides (only the last dim contiguous)."""
-    case = make_case([8, 26], 5, 4, 2, 16, torch.float32, seed=8)
-    wide = torch.full((2, 5, 4, 32), float("nan"))
-    wide[..., :16] = case["q"]
-    kv_wide = [torch.full((2, 3, 40, 16), float("nan")) for _ in range(2)]
-    for big, cache in zip(kv_wide, (case["k_cache"], case["v_cache"])):
-        big[:, 1:, : cache.shape[2]] = cache
-    strided = {**case, "q": wide[..., :16], "k_cache": kv_wide[0][:, 1:, : case["k_cache"].shape[2]],
-               "v_cache": kv_wide[1][:, 1:, : case["v_cache"].shape[2]]}
-    assert not strided["q"].is_contiguous() and not strided["k_cache"].is_contiguous()
-    assert_matches_reference(strided, num_splits=2, block_n=16)
-
-
-def test_sm_scale():
-    case = make_case([10, 20], 4, 2, 1, 16, torch.float32, seed=12)
-    want = ops.tree_attention(**case, sm_scale=0.05, backend="torch")
-    assert_matches_reference({**case, "sm_scale": 0.05}, got=ops.tree_attention(**case, sm_scale=0.05, backend="triton"))
-    assert not torch.allclose(want[1], ops.tree_attention(**case, backend="torch")[1])  # the scale matters
-
-
-def test_empty_batch_and_no_nodes():
-    for batch, n in ((0, 3), (2, 0)):
-        q = torch.randn(batch, n, 2, 16)
-        cache = torch.randn(batch, 1, 8, 16)
-        out, lse = ops.tree_attention(q, cache, cache, torch.zeros(batch, dtype=torch.int64), backend="triton")
-        assert out.shape == q.shape and lse.shape == (batch, n, 2)
-
-
 # ------------------------------------------------------------------ values the GPU cannot check
+
+def test_no_nodes():
+    """N = 0 (the catalog has B = 0 only: the torch reference dies with SIGFPE at N = 0 on the CPU)."""
+    q = torch.randn(2, 0, 2, 16)
+    cache = torch.randn(2, 1, 8, 16)
+    out, lse = ops.tree_attention(q, cache, cache, torch.zeros(2, dtype=torch.int64), backend="triton")
+    assert out.shape == q.shape and lse.shape == (2, 0, 2)
+
 
 def test_out_of_range_values_are_clamped_not_read_out_of_bounds():
     """What a GPU call gets when nobody can validate the values: seq_lens past the cache

@@ -224,7 +224,7 @@ def test_seeded_rows_replay_and_do_not_depend_on_the_batch(rs):
 
 
 def test_seeded_rows_replay_but_not_vllms_own_stream(rs):
-    """What the README says of seeds: a seeded request is exact and reproducible with our plugin,
+    """What docs/vllm.md says of seeds: a seeded request is exact and reproducible with our plugin,
     but its random stream is not plain vLLM's for the same seed (vLLM draws its coins with
     `uniform_` and its recovered tokens with `exponential_` from the request's generator; we
     draw one Philox seed from it per step), so the tokens differ from plain vLLM's, and the

@@ -51,7 +51,7 @@ from .engine import OP, Engine, Proposal, weight_addresses
 from .standardize import standardize
 
 VERIFICATIONS = ("block", "token")
-DEFAULT_VERIFICATION = "block"  # why: README "Verification rules"; bench/results/verification_chains_cpu.md
+DEFAULT_VERIFICATION = "block"  # why: docs/strategies/speculative.md "Verification rules"; bench/results/verification_chains_cpu.md
 DEFAULT_TREE_SIBLINGS = "sampled"  # likewise: bench/results/verification_trees_cpu.md, verification_rules_cpu.md
 
 

@@ -91,6 +91,8 @@ def _rows_attention(q, keys, values, lengths, tree, scale):
     """q [R, N, Hq, D]; keys/values [R, Hkv, span, D]; lengths [R]; tree [R, N, N] -> (out, lse)."""
     rows, n, hq, d = q.shape
     hkv, span = keys.shape[1], keys.shape[2]
+    if rows == 0 or n == 0:  # nothing to attend from (torch's fused CPU kernel dies of SIGFPE on 0 query rows)
+        return q.new_empty(rows, n, hq, d), torch.empty(rows, n, hq, dtype=torch.float32, device=q.device)
     position = torch.arange(span, device=q.device)
     node = position - lengths[:, None]  # [R, span]: which new token a slot holds (< 0: prefix)
     exists = node < n

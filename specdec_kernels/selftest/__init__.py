@@ -12,7 +12,7 @@ Each check compares a backend with `backend="torch"` (the reference) on the same
 token outputs bit for bit (sampling with caller-supplied uniforms or a seed); attention and
 probabilities within per-dtype tolerances; the two ops whose decisions depend on a
 logsumexp (bild_verify, rejection_sample_logits) exactly away from a 1e-4..1e-3 band
-around each decision boundary (the contract in the README's op table).
+around each decision boundary (the contract in docs/ops.md, "Numerics").
 
 Exit status: 0 when nothing failed (skips allowed), 1 when a check failed, 2 without a
 CUDA GPU (or on a usage error).

@@ -1,8 +1,19 @@
-"""tree_attention's shapes, tolerances and cases (contiguous and paged KV, trees and chains)."""
+"""tree_attention's shapes, tolerances and cases: contiguous and paged KV (NHD pools, HND pools
+seen through a transpose, page sizes from 1 to past a tile), trees, chains and hand-made parents,
+GQA groups, head dims, node counts, ragged and cache-filling prefixes, strided inputs, sm_scale,
+empty batches. The Triton interpreter tests (tiny), the GPU tests and the selftest draw from here.
+
+Cache slots a row must not read (past seq_lens[b] + N, unused pages, spare pages) hold NaN in the
+edge cases, so a stray read reaches the output. At "tiny" most cases carry `triton_overrides`
+(num_splits, block_n, block_m): the Triton backend is then launched with them so that the
+interpreter's few keys still span several tiles, M blocks and splits; every other backend (and
+every case at "quick" / "full") runs the op with its own choices."""
+
+import math
 
 import torch
 
-from .compare import close
+from .compare import close, expect, with_checks
 from .inputs import _gen, random_parents
 from .model import DTYPES, Case
 
@@ -10,6 +21,8 @@ from .model import DTYPES, Case
 # (out atol = rtol, lse atol) per dtype: the looser of the two backends' GPU-test tolerances
 # (tests/test_gpu_tree_attention_{triton,cuda}.py); lse rtol 1e-5.
 ATTENTION_TOL = {torch.float32: (1e-4, 2e-4), torch.float16: (1e-2, 2e-4), torch.bfloat16: (2e-2, 2e-4)}
+# the interpreter tests' tolerances (tiny): fp32 dots are IEEE; half inputs round p for P @ V
+TINY_TOL = {torch.float32: (2e-5, 1e-5), torch.float16: (2e-2, 1e-4), torch.bfloat16: (2e-2, 1e-4)}
 
 
 def attention_shapes(profile):
@@ -25,19 +38,259 @@ def attention_shapes(profile):
         return small
     prefixes = [4096, 3000, 17, 4095, 0, 2500, 4000, 1]
     production = []
-    for n in (8, 64):
+    for n in (8, 32, 64):
         for tree in (False, True):
             for page_size in (None, 16):
                 production.append((prefixes, n, 32, 8, 128, (torch.bfloat16,), tree, page_size))
     production += [(prefixes, 32, 32, 8, 128, (torch.float16,), True, None),
                    (prefixes, 32, 32, 8, 64, (torch.bfloat16,), True, 16),
                    ([4096], 32, 32, 4, 128, (torch.bfloat16, torch.float32), True, 1),
-                   ([1000, 4000], 16, 8, 1, 64, (torch.float32,), True, 64)]
+                   ([1000, 4000], 16, 8, 1, 64, (torch.float32,), True, 64),
+                   ([1000, 333], 16, 32, 8, 64, (torch.float16, torch.float32), True, None),
+                   ([1000, 333], 16, 32, 8, 128, (torch.float16, torch.float32), True, None)]
     return small + production
 
 
-def attention_cases(profile, device):
+def run_attention(x, backend):
+    """The op; the Triton launcher with the case's tiles when it carries `triton_overrides`."""
     from .. import ops
+
+    x = dict(x)
+    overrides = x.pop("triton_overrides", None)
+    if overrides is not None and backend == "triton":
+        from ..common.registry import implementation
+        from ..triton import tree_attention as triton_module
+
+        if implementation("tree_attention", "triton") is not triton_module.tree_attention:
+            return ops.tree_attention(**x, backend=backend)  # the registered backend was replaced (a mutation test)
+        scale = x.get("sm_scale") or 1.0 / math.sqrt(x["q"].shape[-1])
+        return triton_module.tree_attention(x["q"], x["k_cache"], x["v_cache"], x["seq_lens"], x.get("parents"),
+                                            x.get("block_table"), sm_scale=scale, **overrides)
+    return ops.tree_attention(**x, backend=backend)
+
+
+def poisoned_inputs(prefixes, n, hq, hkv, d, dtype, device, *, seed=0, layout="contiguous", page_size=4, tree=True,
+                    spare=0, boost=1.0, index_dtype=torch.int64, parents=None, minus_one=True):
+    """q, K/V (NaN wherever a row must not read; draft keys scaled by `boost`), seq_lens, parents
+    (random tree, None for a chain, or given) and, paged, a pool in a random page order with the
+    table entries past a row's last page -1 (never read; `minus_one`) or pointing at NaN pages;
+    layout "hnd": a [P, Hkv, ps, D] pool passed as .transpose(1, 2)."""
+    from ..reference.attention import paged_from_contiguous
+
+    gen = _gen(device, seed)
+    batch = len(prefixes)
+    seq_lens = torch.tensor(prefixes, dtype=torch.int64, device=device)
+    s_max = max(prefixes) + n + spare
+    q = torch.randn(batch, n, hq, d, generator=gen, device=device).to(dtype)
+    pos = torch.arange(s_max, device=device).view(1, 1, s_max, 1)
+    start, end = seq_lens.view(batch, 1, 1, 1), (seq_lens + n).view(batch, 1, 1, 1)
+    caches = []
+    for scale in (boost, 1.0):
+        cache = torch.randn(batch, hkv, s_max, d, generator=gen, device=device)
+        cache = torch.where((pos >= start) & (pos < end), cache * scale, cache)
+        caches.append(cache.masked_fill(pos >= end, math.nan).to(dtype))
+    block_table = None
+    if layout != "contiguous":
+        paged = [paged_from_contiguous(c, page_size, generator=torch.Generator().manual_seed(seed), spare_pages=3)
+                 for c in caches]
+        caches, block_table = [p for p, _ in paged], paged[0][1].to(device)
+        used_pages = (seq_lens + n + page_size - 1) // page_size
+        unread = torch.arange(block_table.shape[1], device=device).unsqueeze(0) >= used_pages.unsqueeze(1)
+        block_table = (block_table.masked_fill(unread, -1) if minus_one else block_table).to(index_dtype)
+        if layout == "hnd":
+            caches = [c.transpose(1, 2).contiguous().transpose(1, 2) for c in caches]
+    if parents is None and tree:
+        parents = random_parents(batch, n, seed).to(device)
+    elif parents is not None:
+        parents = torch.as_tensor(parents, device=device)
+    if parents is not None:
+        parents = parents.to(index_dtype)
+    return dict(q=q, k_cache=caches[0], v_cache=caches[1], seq_lens=seq_lens.to(index_dtype), parents=parents,
+                block_table=block_table)
+
+
+def attention_compare(dtype, profile):
+    out_tol, lse_tol = (TINY_TOL if profile == "tiny" else ATTENTION_TOL)[dtype]
+    return close(("out", "lse"), ((out_tol, out_tol), (lse_tol, 1e-5)))
+
+
+def tree_matters(dtype, profile):
+    """The case can fail: the reference's tree answer is farther from its chain answer than 10x the
+    tolerance, so a wrong ancestor bit cannot hide inside it."""
+    out_tol = (TINY_TOL if profile == "tiny" else ATTENTION_TOL)[dtype][0]
+
+    def check(got, x):
+        from .. import ops
+
+        chain = ops.tree_attention(**{k: v for k, v in x.items() if k != "triton_overrides"} | {"parents": None},
+                                   backend="torch")[0]
+        return float((got[0].float() - chain.float()).abs().nan_to_num(0.0).max()) > 10 * out_tol
+    return expect("the tree's answer far from the chain's", check)
+
+
+def _edge_cases(profile, device):
+    """(name, dtype, build(seed), compare) of the crafted cases at this profile's size."""
+    tiny = profile == "tiny"
+    cases = []
+
+    def add(name, dtype, overrides=None, checks=(), sm_scale=None, **kw):
+        def build(seed):
+            x = poisoned_inputs(dtype=dtype, device=device, minus_one=tiny,
+                                **dict(kw, seed=kw.get("seed", 0) + seed))
+            if sm_scale is not None:
+                x["sm_scale"] = sm_scale
+            if tiny and overrides is not None:
+                x["triton_overrides"] = overrides
+            return x
+
+        compare = attention_compare(dtype, profile)
+        cases.append((name, dtype, build, with_checks(compare, *checks) if checks else compare))
+
+    split = dict(num_splits=3, block_n=16)
+    two = dict(num_splits=2, block_n=16)
+    # the interpreter's cases: cheap at every tier (their forced tiles apply at "tiny" only)
+    # every dtype, layout and mask kind, each with the others (not the full product: the interpreter is slow)
+    combos = [(torch.float32, "contiguous", False), (torch.float32, "contiguous", True),
+              (torch.float16, "contiguous", True), (torch.bfloat16, "contiguous", False),
+              (torch.float32, "paged", False), (torch.float16, "paged", True), (torch.bfloat16, "paged", True),
+              (torch.bfloat16, "hnd", True), (torch.float32, "hnd", False)]
+    for dtype, layout, tree in combos:
+        add(f"B=3 ragged N=7 {'tree' if tree else 'chain'} {layout} NaN past each row" + (", 3 splits" if tiny else ""),
+            dtype, split,
+            prefixes=[0, 21, 70], n=7, hq=4, hkv=2, d=16, layout=layout, tree=tree, spare=5)
+    for hq, hkv in ((1, 1), (4, 4), (8, 1), (6, 2)):
+        add(f"GQA Hq={hq} Hkv={hkv}", torch.float32, two, prefixes=[9, 33], n=5, hq=hq, hkv=hkv, d=16,
+            seed=hq * 10 + hkv)
+    # 12 splits of at most 6 tiles leave splits empty: the merge ignores them
+    for splits in ((1, 2, 5, 12) if tiny else ()):
+        add(f"{splits} splits", torch.float32, dict(num_splits=splits, block_n=16), prefixes=[0, 17, 90], n=5,
+            hq=4, hkv=2, d=16, seed=3)
+    for block_m in ((16, 32) if tiny else ()):  # N * group = 36 packed rows: 3 (or 2) programs per KV head
+        add(f"block_m={block_m}, 36 packed rows", torch.float16, dict(num_splits=2, block_m=block_m, block_n=16),
+            prefixes=[4, 50], n=9, hq=8, hkv=2, d=16, seed=4)
+    for d in (8, 24, 64):  # below the 16-wide dot minimum, and a non-power of two: padded and masked
+        add(f"D={d}", torch.float32, two, prefixes=[6, 30], n=4, hq=4, hkv=2, d=d, seed=d)
+    for page_size in (1, 3, 16, 32):  # smaller than, not dividing, equal to and larger than a tile
+        add(f"page size {page_size}", torch.bfloat16, two, prefixes=[5, 47, 0], n=6, hq=4, hkv=2, d=16,
+            layout="paged", page_size=page_size, seed=page_size)
+    for n in (1, 2, 17, 33):  # from the root alone to more nodes than one 32-bit word of ancestor bits
+        add(f"N={n}", torch.float32, two, prefixes=[11, 0], n=n, hq=2, hkv=1, d=16, seed=n)
+    add("unused slots see the prefix and themselves", torch.float32, two, prefixes=[12, 3], n=6, hq=2, hkv=1,
+        d=16, seed=2, parents=[[-1, 0, -1, 1, -1, 3], [-1, -1, -1, -1, -1, -1]])
+    add("a row filling the cache, an empty prefix (the op's own plan)", torch.bfloat16, None,
+        prefixes=[0, 13, 45], n=4, hq=4, hkv=2, d=16, seed=6)
+    add("sm_scale=0.05", torch.float32, two, prefixes=[10, 20], n=4, hq=2, hkv=1, d=16, seed=12, sm_scale=0.05,
+        checks=(expect("sm_scale to change lse", _scale_matters),))
+    cases.append(("strided q and caches (only the last dim contiguous)", torch.float32,
+                  _strided_build(device, 16, two if tiny else None), attention_compare(torch.float32, profile)))
+    if not tiny:
+        # the CUDA GPU test's matrix: heads, head dims, dtypes, chain / tree, boosted draft keys
+        for dtype in DTYPES:
+            for d in (64, 128):
+                for hq, hkv in ((32, 8), (8, 8), (28, 4)):
+                    for tree in (False, True):
+                        for n, prefixes in ((8, [0, 777, 2048]), (32, [1500, 3, 64])):
+                            if profile == "quick" and not (d == 128 and hq == 28 and n == 8):
+                                continue
+                            add(f"Hq={hq} Hkv={hkv} D={d} N={n} {'tree' if tree else 'chain'} boosted draft keys, "
+                                "NaN past each row", dtype, None, prefixes=prefixes, n=n, hq=hq, hkv=hkv, d=d,
+                                tree=tree, spare=37, boost=3.0, seed=n + d,
+                                checks=(tree_matters(dtype, profile),) if tree else ())
+        add("a row filling the cache, empty prefixes, int32 lengths", torch.float16, None,
+            prefixes=[0, 3000 - 24, 0, 3000 - 25], n=24, hq=8, hkv=8, d=64, seed=11, index_dtype=torch.int32)
+        for dtype, d in ((torch.float16, 80), (torch.bfloat16, 256), (torch.float16, 32), (torch.float32, 256)):
+            add(f"D={d} (no tensor-core kernel)", dtype, None, prefixes=[700, 5], n=10, hq=8, hkv=2, d=d, seed=d)
+        add("N=130, sm_scale=0.05", torch.bfloat16, None, prefixes=[333, 2100], n=130, hq=2, hkv=2, d=128, seed=130,
+            sm_scale=0.05)
+        add("N=130 chain, sm_scale=0.2", torch.bfloat16, None, prefixes=[333, 2100], n=130, hq=2, hkv=2, d=128,
+            seed=130, tree=False, sm_scale=0.2)
+        for hq, hkv in ((32, 32), (32, 4), (8, 1)):
+            add(f"GQA Hq={hq} Hkv={hkv} sm_scale=0.5/sqrt(D)", torch.bfloat16, None, prefixes=[700, 1300], n=24,
+                hq=hq, hkv=hkv, d=128, seed=hq + hkv, sm_scale=0.5 / math.sqrt(128))
+        for dtype in (torch.bfloat16, torch.float32):
+            for page_size in (1, 16, 64, 48):
+                for index_dtype in (torch.int32, torch.int64):
+                    for layout in ("paged", "hnd"):
+                        if profile == "quick" and (page_size, layout) not in ((16, "paged"), (48, "hnd")):
+                            continue
+                        add(f"{layout} page size {page_size} {str(index_dtype)[6:]} indices, NaN pages", dtype, None,
+                            prefixes=[0, 1000, 2500, 63], n=16, hq=32, hkv=8, d=128, layout=layout,
+                            page_size=page_size, index_dtype=index_dtype, seed=page_size)
+        cases.append(("strided q, NHD caches, strided int32 lengths and parents", torch.bfloat16,
+                      _strided_build(device, 128, None, nhd=True), attention_compare(torch.bfloat16, profile)))
+        if profile == "full":
+            for batch in (1, 3, 8):  # draft sizes and batches at ragged 4K prefixes
+                for n in (1, 8, 32, 64):
+                    for tree in (True, False):
+                        add(f"B={batch} N={n} ragged 4K {'tree' if tree else 'chain'}", torch.bfloat16, None,
+                            prefixes=[4096 - 97 * b for b in range(batch)], n=n, hq=32, hkv=8, d=128, tree=tree,
+                            spare=37, boost=3.0, seed=n * batch)
+            for dtype in (torch.bfloat16, torch.float16):  # many prefix splits per row and the LSE merge
+                for batch in (1, 8):
+                    for n in (8, 64):
+                        for ragged in (False, True):
+                            cpu = torch.Generator().manual_seed(batch * n)
+                            prefixes = [int(torch.randint(16384, 32769, (1,), generator=cpu)) if ragged else 32768
+                                        for _ in range(batch)]
+                            add(f"B={batch} N={n} {'ragged' if ragged else 'uniform'} 32K prefixes", dtype, None,
+                                prefixes=prefixes, n=n, hq=32, hkv=8, d=128, seed=batch + n, boost=3.0)
+            for page_size in (None, 1, 16, 64):  # one long row: split KV
+                add(f"B=1 32K prefix {'contiguous' if page_size is None else f'paged{page_size}'}", torch.bfloat16,
+                    None, prefixes=[32768], n=32, hq=32, hkv=8, d=128, seed=3,
+                    layout="contiguous" if page_size is None else "paged", page_size=page_size or 16)
+            add("paged16 rows of 32K and 20K", torch.bfloat16, None, prefixes=[32768 - 5, 20000], n=32, hq=32, hkv=8,
+                d=128, seed=7, layout="paged", page_size=16)
+    # B = 0 only: at N = 0 the torch reference's CPU path dies with SIGFPE (reference/attention.py
+    # _rows_attention_flash_cpu), which would take the whole selftest (or a mutation test that wraps the
+    # reference) down; tests/test_triton_tree_attention.py checks N = 0 on its own
+    for batch, n in ((0, 3),):
+        def empty(seed, batch=batch, n=n):
+            q = torch.randn(batch, n, 2, 16, device=device)
+            cache = torch.randn(batch, 1, 8, 16, device=device)
+            return dict(q=q, k_cache=cache, v_cache=cache.clone(), seq_lens=torch.zeros(batch, dtype=torch.int64,
+                                                                                         device=device))
+
+        cases.append((f"B={batch} N={n} (empty)", torch.float32, empty, attention_compare(torch.float32, profile)))
+    return cases
+
+
+def _scale_matters(got, x):
+    from .. import ops
+
+    plain = {k: v for k, v in x.items() if k not in ("sm_scale", "triton_overrides")}
+    return not torch.allclose(got[1], ops.tree_attention(**plain, backend="torch")[1])
+
+
+def _strided_build(device, d, overrides, nhd=False):
+    """q and the caches as views with padded strides (only the last dim contiguous); on a GPU also
+    K/V as a [B, S, Hkv, D] buffer seen through transpose(1, 2) and strided int32 lengths / parents."""
+    def build(seed):
+        prefixes = [8, 26] if d == 16 else [10, 600, 1234]
+        n, hq, hkv = (5, 4, 2) if d == 16 else (12, 32, 8)
+        x = poisoned_inputs(prefixes, n, hq, hkv, d, torch.float32 if d == 16 else torch.bfloat16, device,
+                            seed=8 + seed)
+        q, k, v = x["q"], x["k_cache"], x["v_cache"]
+        wide = torch.full(q.shape[:-1] + (2 * d,), math.nan, dtype=q.dtype, device=device)
+        wide[..., :d] = q
+        x["q"] = wide[..., :d]
+        if nhd:
+            x["k_cache"] = k.transpose(1, 2).contiguous().transpose(1, 2)
+            x["v_cache"] = v.transpose(1, 2).contiguous().transpose(1, 2)
+            x["seq_lens"] = torch.stack([x["seq_lens"].int(), x["seq_lens"].int()], 1)[:, 0]
+            x["parents"] = torch.stack([x["parents"], x["parents"]], 2)[..., 1]
+        else:
+            for name, cache in (("k_cache", k), ("v_cache", v)):
+                big = torch.full((cache.shape[0], cache.shape[1] + 1, cache.shape[2] + 14, d), math.nan,
+                                 dtype=cache.dtype, device=device)
+                big[:, 1:, :cache.shape[2]] = cache
+                x[name] = big[:, 1:, :cache.shape[2]]
+        if overrides is not None:
+            x["triton_overrides"] = overrides
+        return x
+    return build
+
+
+def attention_cases(profile, device):
     from ..reference.attention import paged_from_contiguous
 
     cases = []
@@ -64,8 +317,9 @@ def attention_cases(profile, device):
                 parents = random_parents(batch, n, seed).to(device) if tree else None
                 return dict(q=q, k_cache=k, v_cache=v, seq_lens=seq_lens, parents=parents, block_table=block_table)
 
-            out_tol, lse_tol = ATTENTION_TOL[dtype]
-            cases.append(Case("tree_attention", shape, dtype, build, lambda x, be: ops.tree_attention(**x, backend=be),
-                              close(("out", "lse"), ((out_tol, out_tol), (lse_tol, 1e-5))),
+            cases.append(Case("tree_attention", shape, dtype, build, run_attention, attention_compare(dtype, profile),
                               graph=index in (0, 1) and dtype == dtypes[-1]))
+    for name, dtype, build, compare, *known in _edge_cases(profile, device):
+        cases.append(Case("tree_attention", name, dtype, build, run_attention, compare,
+                          reference=known[0] if known else None))
     return cases

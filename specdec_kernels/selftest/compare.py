@@ -180,3 +180,42 @@ def compare_topk(got, want, inputs):
         rows = (must_match & (indices != ref_ids[:, :k])).any(1).nonzero().flatten()[:2].tolist()
         return error, "; ".join(f"row {r}: ids {_short(indices[r])} want {_short(ref_ids[r, :k])}" for r in rows)
     return error, None
+
+
+def with_checks(compare, *checks):
+    """`compare`, then (when it passes) each check(got, inputs) -> problem or None: known answers
+    of a crafted case (an all-NaN row emits id 0, ...) that every backend must give, not only
+    the same answer as the reference."""
+    def wrapped(got, want, inputs):
+        error, problem = compare(got, want, inputs)
+        for check in checks:
+            if problem is not None:
+                break
+            problem = check(got, inputs)
+        return error, problem
+    return wrapped
+
+
+def chain_structure(vocab_key="target_logits"):
+    """The chain outputs' shape of an answer: every entry in [-1, V), the emitted token (at
+    num_accepted) in [0, V), and only -1 after it."""
+    def check(got, inputs):
+        out, accepted = got[0], got[1]
+        vocab = inputs[vocab_key].shape[-1]
+        if out.numel() == 0:
+            return None
+        emitted = out.gather(1, accepted.clamp(0, out.shape[1] - 1).unsqueeze(1)).squeeze(1)
+        if not bool(((emitted >= 0) & (emitted < vocab)).all()):
+            return f"an emitted token is outside [0, {vocab}): {_short(emitted)}"
+        pos = torch.arange(out.shape[1], device=out.device).unsqueeze(0)
+        if not bool((out[pos > accepted.unsqueeze(1)] == -1).all()):
+            return "entries after the emitted token are not -1"
+        return None
+    return check
+
+
+def expect(description, predicate):
+    """A known answer: predicate(got, inputs) -> bool, reported with `description` when False."""
+    def check(got, inputs):
+        return None if predicate(got, inputs) else f"expected {description}; got {_short(got[0])} {_short(got[1])}"
+    return check

@@ -4,7 +4,7 @@ greedy tokens.
 float32, CUDA graphs off and on: each row of one batched `generate` call (the demo's prompts,
 left-padded) against HF's `generate(do_sample=False)` of that row's prompt ALONE. Batched HF greedy
 is no reference: its padded rows run other kernels than a lone prompt and can flip a near-tie, and
-our engine keeps per-row lengths instead of padding (the README's "Comparing with HF generate").
+our engine keeps per-row lengths instead of padding (docs/generate.md, "Comparing with HF generate").
 
 bfloat16, where CUDA graphs run: the graph path must give the eager path's tokens (the same kernels
 replayed). bfloat16 is no dtype for comparing with HF: near-ties flip between any two kernels.

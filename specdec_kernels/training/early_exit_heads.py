@@ -74,8 +74,8 @@ def train_early_exit_heads(model, layers, texts, *, tokenizer=None, heads: Early
         texts: strings (needs `tokenizer`) or token-id sequences; cut into [M, sequence_length]
             chunks (at most max_sequences).
         heads: continue training these; default: copies of the model's final norm + LM head.
-        steps, batch_size, learning_rate, warmup_ratio (linear warm-up then linear decay),
-            weight_decay, clip_norm: AdamW optimisation.
+        steps: optimisation steps of AdamW (batch_size rows each, learning_rate after a linear
+            warm-up over warmup_ratio * steps, then a linear decay; weight_decay, clip_norm).
         output_dir: checkpoints (checkpoint-<step>/) and the final heads (save_pretrained);
             checkpoint_every: steps between checkpoints (0: none); resume: continue from the
             newest checkpoint in output_dir.
