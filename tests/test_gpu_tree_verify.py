@@ -25,6 +25,7 @@ pytestmark = CUDA_KERNEL_MARKS
 from specdec_kernels import ops  # noqa: E402
 from specdec_kernels.reference import chain_parents  # noqa: E402
 from specdec_kernels.reference._sampling import safe_argmax  # noqa: E402
+from specdec_kernels.selftest.cases_tree import biased_parents, garbage_tokens  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DTYPE_IDS = lambda d: str(d).split(".")[-1]  # noqa: E731
@@ -35,49 +36,6 @@ RANDOMNESS = ["uniforms32", "uniforms64", "seed", "seeds"]
 # ----------------------------------------------------------------------------
 # Inputs
 # ----------------------------------------------------------------------------
-def random_parents(B, N, gen, unused_frac=0.25):
-    """Valid random trees: node i > 0 is unused (-1) or a child of an earlier used node."""
-    parents = torch.full((B, N), -1, dtype=torch.int64)
-    for b in range(B):
-        used = [0]
-        for i in range(1, N):
-            if float(torch.rand(1, generator=gen)) < unused_frac:
-                continue
-            # bias towards recent nodes so that trees get deep as well as wide
-            if float(torch.rand(1, generator=gen)) < 0.6:
-                pick = used[-1 - int(torch.randint(0, min(len(used), 3), (1,), generator=gen))]
-            else:
-                pick = used[int(torch.randint(0, len(used), (1,), generator=gen))]
-            parents[b, i] = pick
-            used.append(i)
-    return parents
-
-
-def bad_token(V, gen):
-    choices = [-1, V, V + 3, -V, 2**40]
-    return choices[int(torch.randint(0, len(choices), (1,), generator=gen))]
-
-
-def tree_tokens_for(parents, top1, V, gen, match_frac=0.5, bad_frac=0.08):
-    """Tokens: the parent's argmax (so walks go deep), random ids, out-of-range ids; unused
-    slots hold -1 or garbage (the root's entry is garbage too)."""
-    B, N = parents.shape
-    parents, top1 = parents.cpu(), top1.cpu()
-    tokens = torch.randint(0, V, (B, N), generator=gen)
-    for b in range(B):
-        tokens[b, 0] = bad_token(V, gen)
-        for i in range(1, N):
-            par = int(parents[b, i])
-            r = float(torch.rand(1, generator=gen))
-            if par < 0:
-                tokens[b, i] = -1 if r < 0.5 else bad_token(V, gen)
-            elif r < match_frac:
-                tokens[b, i] = int(top1[b, par])
-            elif r < match_frac + bad_frac:
-                tokens[b, i] = bad_token(V, gen)
-    return tokens
-
-
 def random_logits(B, N, V, cgen, ties=True):
     """[B, N, V] float32 logits on the GPU (cgen: a CUDA generator); half the rows repeat
     their max at a second random index, so ties (lowest id wins) show up in every dtype."""
@@ -138,7 +96,7 @@ def rejection_tokens(target, draft, parents, V, gen):
     top_q = safe_argmax(draft).cpu()
     parents = parents.cpu()
     B, N = parents.shape
-    tokens = tree_tokens_for(parents, top_p, V, gen, match_frac=0.3)
+    tokens = garbage_tokens(parents, top_p, V, gen, match_frac=0.3)
     for b in range(B):
         for i in range(1, N):
             if int(parents[b, i]) >= 0 and float(torch.rand(1, generator=gen)) < 0.3:
@@ -186,9 +144,9 @@ def test_greedy_workspace_left_zeroed_over_repeated_calls():
     cgen = torch.Generator(device="cuda").manual_seed(4)
     for step in range(4):
         B, N, V = (3, 17, 32000) if step % 2 else (16, 32, 128256)
-        parents = random_parents(B, N, gen)
+        parents = biased_parents(B, N, gen)
         logits = random_logits(B, N, V, cgen)
-        tokens = tree_tokens_for(parents, safe_argmax(logits), V, gen)
+        tokens = garbage_tokens(parents, safe_argmax(logits), V, gen)
         run_greedy(logits, tokens.cuda(), parents.cuda())
         torch.cuda.synchronize()
         for buf in _launch._zeroed_workspaces.values():

@@ -14,7 +14,7 @@ from .compare import _short, exact, expect, with_checks
 from .model import DTYPES, Case
 
 NORMS = ("rms", "layer", "none")
-REL_TOL = 3e-5  # of max_v sum_h |norm(h)_h * W[v, h]| (as compare.EARLY_EXIT_REL_TOL)
+REL_TOL = 3e-5  # of max_v sum_h |norm(h)_h * W[v, h]|: float32 sums of H terms in another order
 
 
 def early_exit_shapes(profile):
@@ -69,7 +69,7 @@ def topk_compare(min_exact=0.0):
     """As tests/early_exit_support.assert_topk_matches: values within float rounding, descending,
     distinct ids that carry their values, ids exact where the reference's logits are separated (and
     at -inf), and at least `min_exact` of the ids separated enough to be compared exactly (the case
-    can fail). Uses the case's eps; compare.compare_topk for the eps-1e-6 cases of other callers."""
+    can fail). Uses the case's eps."""
     def compare(got, want, inputs):
         values, indices = got
         k = inputs["k"]

@@ -763,7 +763,7 @@ def garbage_tokens(parents, top1, vocab, gen, match_frac=0.5, bad_frac=0.08):
     """The parent's argmax (walks go deep), random ids, out-of-range ids; unused slots and the root
     hold -1 or garbage."""
     batch, n = parents.shape
-    top1 = top1.cpu()
+    parents, top1 = parents.cpu(), top1.cpu()
     tokens = torch.randint(0, vocab, (batch, n), generator=gen)
     for b in range(batch):
         tokens[b, 0] = _bad_token(vocab, gen)

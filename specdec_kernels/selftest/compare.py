@@ -139,49 +139,6 @@ def compare_logits_sampling(got, want, inputs):
     return float(len(rows)), None
 
 
-EARLY_EXIT_REL_TOL = 3e-5  # of max_v sum_h |norm(h)_h * W[v, h]|: float32 sums of H terms in another order
-
-
-def compare_topk(got, want, inputs):
-    """Values within float rounding of the reference logits; ids exact wherever the reference's
-    sorted logits around that rank are farther apart than the tolerance (tests/early_exit_support.py)."""
-    from ..reference._sampling import nan_to_neg_inf
-    from ..reference.early_exit import normalize
-
-    values, indices = got
-    k = inputs["k"]
-    norm = inputs.get("norm", "rms")
-    weight, bias = (None, None) if norm == "none" else (inputs["norm_weight"], inputs.get("norm_bias"))
-    h = normalize(inputs["hidden"], weight, bias, eps=1e-6, norm=norm)
-    w = inputs["lm_head_weight"].float()
-    logits = nan_to_neg_inf(h @ w.t())
-    tol = EARLY_EXIT_REL_TOL * torch.nan_to_num(h.abs() @ w.abs().t(), nan=0.0, posinf=0.0).amax(1, keepdim=True) + 1e-6
-    batch, vocab = logits.shape
-    if values.shape != (batch, k) or indices.shape != (batch, k) or indices.dtype != torch.int64:
-        return None, f"got shapes {list(values.shape)} {list(indices.shape)} {indices.dtype}, want [{batch}, {k}] int64"
-    ref_vals, ref_ids = torch.sort(logits, dim=-1, descending=True, stable=True)
-    want_vals = ref_vals[:, :k]
-    finite = torch.isfinite(want_vals)
-    error = float(((values - want_vals).abs()[finite]).max()) if bool(finite.any()) else 0.0
-    if not bool(((indices >= 0) & (indices < vocab)).all()):
-        return error, f"ids outside [0, {vocab}): {_short(indices)}"
-    if not torch.equal(values[~finite], want_vals[~finite]):
-        return error, "non-finite values differ from the reference's"
-    if not bool(((values - want_vals).abs() <= tol)[finite].all()):
-        return error, f"values off by up to {error:.3g} (tolerance {float(tol.max()):.3g})"
-    carried = logits.gather(1, indices)
-    if not bool(((carried - values).abs() <= tol)[finite].all()):
-        return error, "an id does not carry the logit reported beside it"
-    padded = torch.cat([torch.full((batch, 1), math.inf, device=logits.device), ref_vals,
-                        torch.full((batch, 1), -math.inf, device=logits.device)], 1)
-    separated = (padded[:, :k] - padded[:, 1:k + 1] > tol) & (padded[:, 1:k + 1] - padded[:, 2:k + 2] > tol)
-    must_match = (want_vals == -math.inf) | separated
-    if not torch.equal(indices[must_match], ref_ids[:, :k][must_match]):
-        rows = (must_match & (indices != ref_ids[:, :k])).any(1).nonzero().flatten()[:2].tolist()
-        return error, "; ".join(f"row {r}: ids {_short(indices[r])} want {_short(ref_ids[r, :k])}" for r in rows)
-    return error, None
-
-
 def with_checks(compare, *checks):
     """`compare`, then (when it passes) each check(got, inputs) -> problem or None: known answers
     of a crafted case (an all-NaN row emits id 0, ...) that every backend must give, not only
