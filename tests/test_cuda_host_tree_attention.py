@@ -11,7 +11,7 @@ import torch
 from specdec_kernels import reference
 from specdec_kernels.common import cuda_module as _cuda_module
 from specdec_kernels.reference.tree import ancestor_mask
-from test_gpu_tree_verify import random_parents
+from specdec_kernels.selftest.cases_tree import biased_parents as random_parents
 
 _C = _cuda_module.load()
 pytestmark = pytest.mark.skipif(_C is None or not hasattr(_C, "host_tree_attention_row"),

@@ -35,7 +35,7 @@ torch = pytest.importorskip("torch")
 
 from catalog_support import catalog_cases, check_case  # noqa: E402
 from gpu_support import CUDA_KERNEL_MARKS, _C  # noqa: E402
-from test_gpu_tree_verify import random_parents  # noqa: E402
+from specdec_kernels.selftest.cases_tree import biased_parents as random_parents  # noqa: E402
 
 pytestmark = CUDA_KERNEL_MARKS
 
