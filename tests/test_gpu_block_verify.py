@@ -15,10 +15,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from catalog_support import catalog_cases, check_case  # noqa: E402
+from catalog_support import catalog_cases, check_case, skip_unless_backend  # noqa: E402
 from gpu_support import backends_here  # noqa: E402
 from specdec_kernels import ops  # noqa: E402
 from specdec_kernels.common import workspace as _workspace  # noqa: E402
+from specdec_kernels.selftest.inputs import random_probs  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -30,19 +31,6 @@ CATALOG_OPS = ("block_verify", "block_verify_logits")
 def need(op: str, backend: str) -> None:
     if backend not in backends_here(op):
         pytest.skip(f"no {backend} backend of {op} here")
-
-
-def make_probs(batch, g, vocab, dtype, gen):
-    """Close target/draft rows (long accepted prefixes and rescues), some zero target entries."""
-    target = torch.rand(batch, g + 1, vocab, generator=gen, device=DEV) ** 4
-    target = torch.where(torch.rand(target.shape, generator=gen, device=DEV) < 0.2, 0.0, target)
-    target[..., 0] += 1e-3
-    target = target / target.sum(-1, keepdim=True)
-    noise = torch.rand(batch, g, vocab, generator=gen, device=DEV)
-    draft = 0.7 * target[:, :g] + 0.3 * noise / noise.sum(-1, keepdim=True)
-    drafts = (torch.multinomial(draft.reshape(-1, vocab), 1, generator=gen).reshape(batch, g) if g else
-              torch.empty(batch, 0, dtype=torch.int64, device=DEV))
-    return target.to(dtype), draft.to(dtype), drafts
 
 
 def assert_exact(got, want, vocab, what=""):
@@ -57,8 +45,7 @@ def assert_exact(got, want, vocab, what=""):
 @pytest.mark.parametrize("backend", ("cuda", "triton"))
 @pytest.mark.parametrize("case", catalog_cases("full", "cuda", ops=CATALOG_OPS))
 def test_catalog_case(case, backend):
-    if backend not in backends_here(case.op):
-        pytest.skip(f"no {backend} backend of {case.op} here")
+    skip_unless_backend(case.op, backend, "cuda")
     check_case(case, backend, "cuda", profile="full", graphs=True)
 
 
@@ -70,7 +57,7 @@ def test_repeat_calls_and_graph_replay(backend, op):
     gen = torch.Generator(device=DEV).manual_seed(11)
 
     def build():
-        target, draft, drafts = make_probs(batch, g, vocab, torch.bfloat16, gen)
+        target, draft, drafts = random_probs(batch, g, vocab, torch.bfloat16, gen, DEV)
         if op == "block_verify":
             return dict(target_probs=target, draft_probs=draft, draft_tokens=drafts, seed=5)
         return dict(target_logits=target.log(), draft_logits=draft.log(), draft_tokens=drafts, seed=5,

@@ -17,8 +17,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from catalog_support import catalog_cases, check_case  # noqa: E402
-from gpu_support import CUDA_KERNEL_MARKS, _C, backends_here  # noqa: E402
+from catalog_support import catalog_cases, check_case, skip_unless_backend  # noqa: E402
+from gpu_support import CUDA_KERNEL_MARKS, _C  # noqa: E402
 
 from specdec_kernels import ops  # noqa: E402
 from specdec_kernels.reference._sampling import nan_to_neg_inf  # noqa: E402
@@ -139,8 +139,7 @@ CATALOG_OPS = ("relaxed_verify", "bild_verify", "max_prob")
 @pytest.mark.parametrize("backend", ("cuda", "triton"))
 @pytest.mark.parametrize("case", catalog_cases("full", "cuda", ops=CATALOG_OPS))
 def test_catalog_case(case, backend):
-    if backend not in backends_here(case.op):
-        pytest.skip(f"no {backend} backend of {case.op} here")
+    skip_unless_backend(case.op, backend, "cuda")
     check_case(case, backend, "cuda", profile="full", graphs=True)
 
 

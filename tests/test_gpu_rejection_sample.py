@@ -18,8 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from catalog_support import catalog_cases, check_case  # noqa: E402
-from gpu_support import CUDA_KERNEL_MARKS, backends_here  # noqa: E402
+from catalog_support import catalog_cases, check_case, skip_unless_backend  # noqa: E402
+from gpu_support import CUDA_KERNEL_MARKS  # noqa: E402
 from specdec_kernels import ops  # noqa: E402
 
 pytestmark = CUDA_KERNEL_MARKS
@@ -86,8 +86,7 @@ CATALOG_OPS = ("rejection_sample", "rejection_sample_logits")
 @pytest.mark.parametrize("backend", ("cuda", "triton"))
 @pytest.mark.parametrize("case", catalog_cases("full", "cuda", ops=CATALOG_OPS))
 def test_catalog_case(case, backend):
-    if backend not in backends_here(case.op):
-        pytest.skip(f"no {backend} backend of {case.op} here")
+    skip_unless_backend(case.op, backend, "cuda")
     check_case(case, backend, "cuda", profile="full", graphs=True)
 
 

@@ -9,7 +9,6 @@ Models: the embedded default pair (specdec_kernels.defaults: a trained 6-layer L
 
 import importlib.util
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -25,17 +24,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def model_dirs(tmp_path_factory):
-    """(target, draft) folders: each the default model's weights plus the shared tokenizer."""
+def copy_model_dirs(root):
+    """(target, draft) folders under root: each the default model's weights plus the shared tokenizer."""
     from specdec_kernels.defaults import DEFAULT_MODELS_DIR
-    root = tmp_path_factory.mktemp("models")
     for part in ("target", "draft"):
         (root / part).mkdir()
         for source in ("tokenizer", part):
             for f in (DEFAULT_MODELS_DIR / source).iterdir():
                 shutil.copy(f, root / part / f.name)
     return root / "target", root / "draft"
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory):
+    """(target, draft) folders: each the default model's weights plus the shared tokenizer."""
+    return copy_model_dirs(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="session")

@@ -17,19 +17,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from conftest import PROMPTS
+from conftest import PROMPTS, copy_model_dirs
 from engine_support import run_engine
 from test_engine import G, acceptance, draft_config, job, sampled
-
-
-def model_dirs(root: Path) -> tuple[Path, Path]:
-    from specdec_kernels.defaults import DEFAULT_MODELS_DIR
-    for part in ("target", "draft"):
-        (root / part).mkdir()
-        for source in ("tokenizer", part):
-            for f in (DEFAULT_MODELS_DIR / source).iterdir():
-                shutil.copy(f, root / part / f.name)
-    return root / "target", root / "draft"
 
 
 def main() -> None:
@@ -42,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
     root = Path(tempfile.mkdtemp())
-    dirs = model_dirs(root)
+    dirs = copy_model_dirs(root)
     tokenizer = AutoTokenizer.from_pretrained(dirs[0])
     ids = [tokenizer(text)["input_ids"] for text in PROMPTS]
     prompts = ids * args.copies

@@ -4,8 +4,8 @@ import zlib
 
 import torch
 
-from .compare import (bild_threshold, chain_structure, close, compare_bild, compare_logits_sampling, exact, expect,
-                      with_checks)
+from .compare import (bild_threshold, boundary_excused, chain_structure, close, compare_bild, compare_logits_sampling,
+                      exact, expect, with_checks)
 from .inputs import _gen, near_top_drafts, ragged, random_logits, random_probs
 from .model import DTYPES, Case
 
@@ -167,19 +167,7 @@ def _block_boundary_explains(b, inputs, got, want, margin=1e-4):
     return abs(float(cdf[lo]) - float(u[g]) * float(cdf[-1])) <= margin * float(cdf[-1])
 
 
-def compare_block_logits(got, want, inputs):
-    """Equal rows, except at most max(1, 2%) rows that a near-boundary decision explains."""
-    problem = exact(("output_tokens", "num_accepted"))(got[:2], want[:2], inputs)[1]
-    if problem is None or got[0].shape != want[0].shape:
-        return (0.0 if problem is None else None), problem
-    rows = ((got[0] != want[0]).any(1) | (got[1] != want[1])).nonzero().flatten().tolist()
-    if len(rows) > max(1, 0.02 * got[0].shape[0]):
-        return float(len(rows)), f"{len(rows)} rows differ (more than 2%): {problem}"
-    unexplained = [b for b in rows if not _block_boundary_explains(b, inputs, got, want)]
-    if unexplained:
-        b = unexplained[0]
-        return float(len(rows)), f"row {b} differs away from any decision boundary: {problem}"
-    return float(len(rows)), None
+compare_block_logits = boundary_excused(_block_boundary_explains)
 
 
 # ---------------------------------------------------------------------------------------------
