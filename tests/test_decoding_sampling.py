@@ -27,7 +27,7 @@ class ResampleFromP(SpeculativeDecoder):
         out, num_accepted = super().accept(engine, proposal, logits)
         p = standardize(logits, engine.sampling)
         rows = torch.arange(p.shape[0])
-        wrong = draw(p[rows, num_accepted], engine.seeds, engine.offsets + num_accepted, salt=7)
+        wrong = draw(p[rows, num_accepted], engine.seeds, engine.cursor + num_accepted, salt=7)
         rejected = num_accepted < proposal.tokens.shape[1]
         out[rows, num_accepted] = torch.where(rejected, wrong, out[rows, num_accepted])
         return out, num_accepted

@@ -145,18 +145,18 @@ def draft_and_verify(models: ToyModels, rows: int, k: int, depth: int, nodes: in
                      rule: str = "without_replacement", seed: int = 5, root_token: int = 1):
     root = torch.full((rows,), root_token, dtype=torch.int64)
     seeds = torch.arange(rows, dtype=torch.int64) * 7919 + seed
-    positions = torch.full((rows,), 100, dtype=torch.int64)
+    cursors = torch.full((rows,), 100, dtype=torch.int64)
     shape = draft_tree.tree_shape(depth, k, nodes)
     tree = draft_tree.grow_tree(shape, root, torch.log(models.q[0, root]), models.forward,
                                 lambda logits: torch.log_softmax(logits, -1), siblings=siblings,
-                                seeds=seeds, positions=positions)
+                                seeds=seeds, cursors=cursors)
     tokens = torch.cat([root.unsqueeze(1), tree.tokens], dim=1)
     target = models.p[models.depths(tree.parents), tokens]
     if rule == "without_replacement":
         draft = tree.draft_probs
     else:  # the mutation: each child verified as an independent draw from its parent's q
         draft = tree.draft_probs.gather(1, tree.parents.clamp(min=0).unsqueeze(2).expand(-1, -1, models.vocab))
-    out, num, _ = ops.tree_rejection_sample(target, draft, tokens, tree.parents, seed=seeds, offsets=positions,
+    out, num, _ = ops.tree_rejection_sample(target, draft, tokens, tree.parents, seed=seeds, offsets=cursors,
                                             max_depth=depth, siblings=rule, backend="torch")
     return tree, out, num
 
@@ -252,7 +252,7 @@ def test_grow_tree_bad_siblings():
     with pytest.raises(ValueError, match="siblings"):
         draft_tree.grow_tree(shape, root, torch.log(models.q[0, root]), models.forward, torch.log_softmax,
                              siblings="random")
-    with pytest.raises(ValueError, match="positions"):
+    with pytest.raises(ValueError, match="cursors"):
         draft_tree.grow_tree(shape, root, torch.log(models.q[0, root]), models.forward, torch.log_softmax,
                              siblings="sampled", seeds=torch.zeros(2, dtype=torch.int64))
 

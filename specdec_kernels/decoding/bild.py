@@ -32,6 +32,7 @@ from torch import Tensor
 
 from .. import ops
 from ..ops import _validate as check
+from ..reference import rng
 from .draft_model import TwoModelStrategy
 from .engine import OP, Engine, Proposal, weight_addresses
 from .standardize import draw, standardize
@@ -81,14 +82,13 @@ class BildDecoder(TwoModelStrategy):
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
         feed = self.draft.begin(engine, first)
-        offsets = engine.offsets
         running = ~self.large_next & ~engine.finished
         count = torch.zeros_like(engine.root)
         fell_back = torch.zeros_like(running)
         tokens = []
         for i in range(self.max_small_run):
             logits = self.draft.next_logits(feed)
-            token, q = self.draft_token(engine, logits, offsets + i)
+            token, q = self.draft_token(engine, logits, engine.cursor + i)
             # confidence of the distribution the token came from (log q: max_prob of it is max q)
             unsure = ops.fallback_check(logits if q is None else q.log(), self.fallback_threshold,
                                         backend=engine.backend)
@@ -122,8 +122,8 @@ class BildDecoder(TwoModelStrategy):
             num_accepted = torch.where(same, all_accepted, num_accepted)
         if engine.sampling.do_sample:  # the large model's token is sampled, not its top-1
             probs = standardize(logits[rows, num_accepted], engine.sampling)
-            out = out.scatter(1, num_accepted.unsqueeze(1), draw(probs, engine.seeds, engine.offsets + num_accepted,
-                                                                 salt=1).unsqueeze(1))
+            token = draw(probs, engine.seeds, engine.cursor + num_accepted, salt=rng.SALT_FINAL)
+            out = out.scatter(1, num_accepted.unsqueeze(1), token.unsqueeze(1))
         if not self.verify_small_eos:  # a small-model EOS ends the row unverified
             j = torch.arange(drafts.shape[1], device=drafts.device).unsqueeze(0)
             eos_run = (torch.isin(drafts, engine.eos_ids) & (j < count.unsqueeze(1))).any(dim=1)

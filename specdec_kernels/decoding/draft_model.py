@@ -117,13 +117,14 @@ class TwoModelStrategy(Strategy):
     def start(self, engine) -> None:
         self.draft = DraftModel(self.draft_model, engine)
 
-    def draft_token(self, engine, logits: Tensor, position: Tensor) -> tuple[Tensor, Tensor | None]:
-        """The draft's token from its logits [B, V]: argmax, or a draw from the standardised q
-        (returned too: the accept rule needs exactly the q the token came from)."""
+    def draft_token(self, engine, logits: Tensor, counter: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The draft's token from its logits [B, V]: argmax, or a draw from the standardised q at
+        the Philox counter `counter` [B] (q is returned too: the accept rule needs exactly the q
+        the token came from)."""
         if not engine.sampling.do_sample:
             return torch.argmax(logits, dim=-1), None
         q = standardize(logits, engine.sampling)
-        return draw(q, engine.seeds, position), q
+        return draw(q, engine.seeds, counter), q
 
     def after_accept(self, engine, proposal, num_accepted: Tensor) -> None:
         self.draft.rollback(engine, num_accepted, proposal.tokens.shape[1])

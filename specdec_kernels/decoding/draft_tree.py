@@ -137,26 +137,26 @@ def sample_children(q: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class _SiblingDraws:
-    """Uniforms for sampled children: Philox(seeds[b], positions[b] + level - 1, 0, SALT_TREE_DRAFT,
+    """Uniforms for sampled children: Philox(seeds[b], cursors[b] + level - 1, 0, SALT_TREE_DRAFT,
     slot * K + j) (per-request seeds, batch-order free, graph-safe, like standardize.draw), or
     torch.rand with `generator` when no seeds are given."""
 
-    def __init__(self, k: int, seeds, positions, generator):
-        self.k, self.seeds, self.positions, self.generator = k, seeds, positions, generator
+    def __init__(self, k: int, seeds, cursors, generator):
+        self.k, self.seeds, self.cursors, self.generator = k, seeds, cursors, generator
 
     def __call__(self, batch: int, slots: int, level: int, device) -> Tensor:
         if self.seeds is None:
             return torch.rand(batch, slots, self.k, generator=self.generator, dtype=torch.float64,
                               device=device if self.generator is None else self.generator.device).to(device)
         seeds = torch.as_tensor(self.seeds, device=device).to(torch.int64).expand(batch)
-        positions = torch.as_tensor(self.positions, device=device).to(torch.int64).expand(batch)
+        cursors = torch.as_tensor(self.cursors, device=device).to(torch.int64).expand(batch)
         extra = torch.arange(slots * self.k, device=device).view(1, slots, self.k)
-        return rng.philox_uniform(seeds.view(batch, 1, 1), (positions + level - 1).view(batch, 1, 1),
+        return rng.philox_uniform(seeds.view(batch, 1, 1), (cursors + level - 1).view(batch, 1, 1),
                                   torch.zeros_like(extra), SALT_TREE_DRAFT, extra)
 
 
 def grow_tree(shape: TreeShape, root: Tensor, root_logprobs: Tensor, forward, log_probs, *, siblings: str = "top",
-              seeds=None, positions=None, generator: torch.Generator | None = None) -> Tree:
+              seeds=None, cursors=None, generator: torch.Generator | None = None) -> Tree:
     """Draft the tree level by level.
 
     Args:
@@ -165,17 +165,17 @@ def grow_tree(shape: TreeShape, root: Tensor, root_logprobs: Tensor, forward, lo
         log_probs: logits -> log-probabilities (draft_log_probs with the call's sampling).
         siblings: "top" (the K most probable children) or "sampled" (K draws without replacement
             from q = exp(log_probs), which the Tree returns as draft_probs; sampling only).
-        seeds: int or int64 [B] per-request Philox keys and positions: int64 [B] (the absolute
-            position of the root's successor, engine.offsets) for "sampled"; without seeds the
-            draws come from torch.rand with `generator`.
+        seeds: int or int64 [B] per-request Philox keys and cursors: int64 [B] (each row's draw
+            cursor, engine.cursor: level d draws at cursors + d - 1) for "sampled"; without seeds
+            the draws come from torch.rand with `generator`.
     """
     if siblings not in SIBLINGS:
         check.fail(OP, f"`siblings` must be one of {SIBLINGS} (got {siblings!r})")
     if siblings == "sampled":
-        if seeds is not None and positions is None:
-            check.fail(OP, "`positions` is needed with `seeds` for sampled siblings")
+        if seeds is not None and cursors is None:
+            check.fail(OP, "`cursors` is needed with `seeds` for sampled siblings")
         return _grow(shape, root, root_logprobs, forward, log_probs,
-                     _SiblingDraws(shape.topk, seeds, positions, generator))
+                     _SiblingDraws(shape.topk, seeds, cursors, generator))
     return _grow(shape, root, root_logprobs, forward, log_probs, None)
 
 

@@ -6,7 +6,7 @@ committed token but the last one, the row's "root"; a step feeds [root, x_1..x_g
 and `cache.rollback(num_accepted)` keeps the root and the accepted drafts, so the emitted
 correction/bonus token becomes the next root. Draft caches are the strategy's (see speculative.py).
 
-Rows are independent: per-row lengths, seeds and positions; a finished row (EOS or
+Rows are independent: per-row lengths, seeds and draw cursors; a finished row (EOS or
 max_new_tokens) writes nothing more and its cache lengths are frozen. The host reads one small
 tensor per step (finished flags + whether every row accepted everything) to decide whether to stop,
 drop finished rows (eager only) and adapt the draft length.
@@ -314,8 +314,8 @@ class Engine:
         """Whether the first token comes from the prefill, as in HF's generate: greedy decoding of a
         decoder-only target with a strategy that asks for it (plain). Otherwise a first step feeds
         the last prompt token again, one more target forward per call (on the CPU a one-token
-        forward costs about what the prompt's does). Sampling keeps that step: its draws are keyed
-        by the cache lengths at the step."""
+        forward costs about what the prompt's does). Sampling keeps that step: it draws the first
+        token like every later step draws its tokens."""
         return self.strategy.first_token_from_prefill and not self.encoder_decoder and not self.sampling.do_sample
 
     def setup(self) -> None:
@@ -333,6 +333,8 @@ class Engine:
         self.num_generated = keep("num_generated", torch.zeros(batch, dtype=torch.int64, device=device))
         self.finished = keep("finished", torch.zeros(batch, dtype=torch.bool, device=device))
         self.flags = keep("flags", torch.zeros(batch + 1, dtype=torch.bool, device=device))
+        # each row's draw cursor: the first counter of its Philox draws in the next step (advance_cursor)
+        self.cursor = keep("cursor", self.prompt_lengths.clone())
         # device-side counters, read once at the end
         self.counts = keep("counts", torch.zeros(3, dtype=torch.int64, device=device))  # forwards, emitted, accepted
         self.drafted_at = keep("drafted_at", torch.zeros(width - 1, dtype=torch.int64, device=device))
@@ -340,18 +342,13 @@ class Engine:
         self.final = torch.full((batch, self.max_new_tokens), self.pad, dtype=torch.int64, device=self.device)
         self.final_lengths = torch.zeros(batch, dtype=torch.int64, device=self.device)
         self.strategy.start(self)
-        if self.folded:  # the first token, as a step with zero drafts would have emitted it
+        if self.folded:  # the first token, as a step with zero drafts would have emitted it (greedy: no draws)
             no_drafts = Proposal(self.root.new_zeros(batch, 0))
             out, num_accepted = self.strategy.accept(self, no_drafts, self.early_eos_banned(self.prefill_logits, None))
             del self.prefill_logits
             self.record(out, num_accepted, None)
 
     # ---- one step ----------------------------------------------------------------------------
-
-    @property
-    def offsets(self) -> Tensor:
-        """[B] absolute position of the first draft (= committed tokens) in each row."""
-        return self.cache.seq_lens + 1
 
     def verify_step(self, tokens: Tensor, probs: Tensor | None, num_draft: Tensor | None,
                     extra: Tensor | None) -> Tensor:
@@ -369,8 +366,18 @@ class Engine:
         else:  # eager: finished rows were dropped after the step that finished them, so every row is active
             self.strategy.commit_target(self, proposal, num_accepted)
         self.strategy.after_accept(self, proposal, num_accepted)
+        self.advance_cursor()
         self.record(out, num_accepted, num_draft)
         return self.flags
+
+    def advance_cursor(self) -> None:
+        """Move every row's draw cursor past each counter this step could read (reference/rng.py):
+        its draws sit at cursor .. cursor + g for each purpose (a tree's levels stop at DEPTH <= g),
+        so the next step starts at cursor + g + 1 whatever this one accepted. Keying steps by sequence
+        position instead hands the next step draws that block verification already examined (it reads
+        every coin and draft of its block), and the output leaves the target's law
+        (tests/test_sampling_loops.py keeps that mutation)."""
+        self.cursor.add_(self.strategy.num_draft_tokens() + 1)
 
     def early_eos_banned(self, logits: Tensor, parents: Tensor | None) -> Tensor:
         """min_new_tokens (HF's MinNewTokensLengthLogitsProcessor): the target's EOS logits are -inf
@@ -546,7 +553,7 @@ class Engine:
         self.store_rows(~keep)
         index = keep.nonzero().squeeze(1)
         self.cache.select_rows(index)
-        for name in ("root", "prev", "generated", "num_generated", "finished", "seeds", "row_ids"):
+        for name in ("root", "prev", "generated", "num_generated", "finished", "seeds", "cursor", "row_ids"):
             setattr(self, name, getattr(self, name).index_select(0, index))
         self.flags = self.flags.new_zeros(index.numel() + 1)
         self.strategy.select_rows(index)

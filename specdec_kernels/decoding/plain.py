@@ -54,4 +54,4 @@ class PlainDecoder(Strategy):
         target_probs = standardize(logits, engine.sampling)
         no_drafts = target_probs.new_zeros(target_probs.shape[0], 0, target_probs.shape[-1])
         return ops.rejection_sample(target_probs, no_drafts, proposal.tokens, seed=engine.seeds,
-                                    offsets=engine.offsets, backend=engine.backend)
+                                    offsets=engine.cursor, backend=engine.backend)

@@ -120,10 +120,9 @@ class SpeculativeDecoder(TwoModelStrategy):
         if not self.tree.chain:
             return self.propose_tree(engine, first)
         feed = self.draft.begin(engine, first)
-        offsets = engine.offsets
         tokens, probs = [], []
         for i in range(self.g):
-            token, q = self.draft_token(engine, self.draft.next_logits(feed), offsets + i)
+            token, q = self.draft_token(engine, self.draft.next_logits(feed), engine.cursor + i)
             tokens.append(token)
             if q is not None:
                 probs.append(q)
@@ -142,10 +141,10 @@ class SpeculativeDecoder(TwoModelStrategy):
         target_probs = standardize(logits, engine.sampling)
         if self.verification == "block":
             return ops.block_verify(target_probs, proposal.probs, proposal.tokens, seed=engine.seeds,
-                                    offsets=engine.offsets, backend=engine.backend)
+                                    offsets=engine.cursor, backend=engine.backend)
         draft_probs = proposal.probs if self.lenience == 1 else proposal.probs * self.lenience
         return ops.rejection_sample(target_probs, draft_probs, proposal.tokens, seed=engine.seeds,
-                                    offsets=engine.offsets, backend=engine.backend)
+                                    offsets=engine.cursor, backend=engine.backend)
 
     def end_step(self, all_accepted: bool) -> None:
         if self.schedule == "heuristic":
@@ -160,7 +159,7 @@ class SpeculativeDecoder(TwoModelStrategy):
         root_logprobs = draft_tree.draft_log_probs(draft.root_logits(draft.begin(engine, first)), sampling)
         tree = draft_tree.grow_tree(self.tree, engine.root, root_logprobs, draft.tree_logits,
                                     lambda logits: draft_tree.draft_log_probs(logits, sampling),
-                                    siblings=self.siblings(engine), seeds=engine.seeds, positions=engine.offsets)
+                                    siblings=self.siblings(engine), seeds=engine.seeds, cursors=engine.cursor)
         return Proposal(tree.tokens, tree.draft_probs, num_draft=torch.full_like(engine.root, self.tree.depth),
                         extra=torch.stack([tree.parents, tree.draft_node], dim=1))
 
@@ -184,12 +183,12 @@ class SpeculativeDecoder(TwoModelStrategy):
         target_probs = standardize(logits, engine.sampling)
         if self.siblings(engine) == "sampled":
             out, num_accepted, self.accepted_nodes = ops.tree_rejection_sample(
-                target_probs, proposal.probs, tokens, parents, seed=engine.seeds, offsets=engine.offsets,
+                target_probs, proposal.probs, tokens, parents, seed=engine.seeds, offsets=engine.cursor,
                 max_depth=self.tree.depth, siblings="without_replacement", backend=engine.backend)
             return out, num_accepted
         one_hot = torch.nn.functional.one_hot(tokens, target_probs.shape[-1]).to(target_probs.dtype)
         out, num_accepted, self.accepted_nodes = ops.tree_rejection_sample(
-            target_probs, one_hot, tokens, parents, seed=engine.seeds, offsets=engine.offsets,
+            target_probs, one_hot, tokens, parents, seed=engine.seeds, offsets=engine.cursor,
             max_depth=self.tree.depth, backend=engine.backend)
         return out, num_accepted
 

@@ -65,11 +65,12 @@ def standardize(logits: Tensor, sampling: Sampling) -> Tensor:
     return scores.softmax(dim=-1)
 
 
-def draw(probs: Tensor, seeds: Tensor, positions: Tensor, salt: int = SALT_DRAFT) -> Tensor:
+def draw(probs: Tensor, seeds: Tensor, counters: Tensor, salt: int = SALT_DRAFT) -> Tensor:
     """One token per row from probs [B, V]: an inverse-CDF draw with the uniform
-    Philox(seeds[b], positions[b], 0, salt) (rng's counter layout, per-request seeds), so a row's
-    draws do not depend on the batch around it and a CUDA graph can replay them."""
-    u = rng.philox_uniform(seeds, positions, torch.zeros_like(positions), salt)
+    Philox(seeds[b], counters[b], 0, salt) (rng's counter layout, per-request seeds; counters come
+    from the engine's draw cursor), so a row's draws do not depend on the batch around it and a
+    CUDA graph can replay them."""
+    u = rng.philox_uniform(seeds, counters, torch.zeros_like(counters), salt)
     weights = to_weights(probs)
     return sample_with_fallback(weights, weights, u)
 

@@ -55,9 +55,13 @@ def block_verify(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor
             final draw in column g (whatever the row's num_draft_tokens). Bit-identical
             results across backends.
         seed: int (rows keyed by batch index) or int64/int32 [B] (one seed per request)
-            instead of `uniforms`: the counters of `rejection_sample` (eta_i at position
+            instead of `uniforms`: the counters of `rejection_sample` (eta_i at
             offsets[b] + i - 1, the final draw at offsets[b] + tau).
-        offsets: [B] int64/int32, absolute position of draft 0 in each sequence (seeded mode).
+        offsets: [B] int64/int32, each row's draw cursor (seeded mode; default 0): the call reads
+            every coin at offsets[b] .. offsets[b] + g - 1, not only the accepted prefix's. In a
+            loop with one seed, advance it by g + 1 after every call: a cursor that moves by the
+            accepted count + 1 (sequence lengths) hands the next call coins this one already
+            examined, and the loop's output leaves the target's law (reference/rng.py).
         num_draft_tokens: [B] int64/int32 in [0, g]: ragged rows (row b's last threshold is
             h_{n_b} = p_{n_b}, its bonus row target_probs[b, n_b]).
         backend: "auto" | "torch" | "triton" | "cuda".

@@ -84,9 +84,12 @@ def rejection_sample(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Te
         uniforms: [B, g+1] float32/float64 in [0, 1): coins for drafts 0..g-1, then the
             final draw. Makes the result bit-identical across backends.
         seed: int (rows keyed by batch index) or int64/int32 [B] (one seed per request) instead
-            of `uniforms`; each draw is Philox(seed, offsets[b] + position, row, purpose).
-        offsets: [B] int64/int32, absolute position of draft 0 in each sequence (seeded mode).
-            Advance it every step or the same coins repeat.
+            of `uniforms`; each draw is Philox(seed, offsets[b] + i, row, purpose): draft i's
+            coin at i, the final draw at num_accepted.
+        offsets: [B] int64/int32, each row's draw cursor (seeded mode; default 0): the call reads
+            counters offsets[b] .. offsets[b] + g. In a loop with one seed, advance it by g + 1
+            after every call (the loop-safe rule of reference/rng.py; advancing by the accepted
+            count + 1 happens to be safe for this op, not for `block_verify` or the tree ops).
         num_draft_tokens: [B] int64/int32 in [0, g]: ragged rows (row b uses drafts < n_b and
             its bonus comes from target_probs[b, n_b]).
         backend: "auto" | "torch" | "triton" | "cuda".

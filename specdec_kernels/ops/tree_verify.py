@@ -133,8 +133,11 @@ def tree_rejection_sample(target_probs: Tensor, draft_probs: Tensor, tree_tokens
         tree_tokens: [B, N] int64/int32.  parents: [B, N] int64/int32 (any strides).
         uniforms: [B, N] float32/float64 in [0, 1): column c > 0 is node c's coin, column 0
             the final draw (bit-exact mode).
-        seed: int or int64/int32 [B] instead of `uniforms`; offsets: [B] int64/int32 absolute position
-            of the root's successor, to advance every step.
+        seed: int or int64/int32 [B] instead of `uniforms`: level d's coins and final draw at
+            offsets[b] + d (extra word: the sibling rank).
+        offsets: [B] int64/int32, each row's draw cursor (default 0): the call reads counters
+            offsets[b] .. offsets[b] + max_depth. In a loop with one seed, advance it by at least
+            max_depth + 1 after every call, never by the accepted depth alone (reference/rng.py).
         max_depth: int >= 0 (default: the tree depth).
         siblings: "independent" (default) | "without_replacement", how siblings were drawn.
 

@@ -117,7 +117,7 @@ def block_verify(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed
         uniforms: [B, g+1] float32/float64 in [0, 1): eta_1..eta_g in columns 0..g-1, the
             draw of the final token in column g (whatever the row's num_draft_tokens).
         seed: int (rows keyed by batch index) or int64/int32 [B] (one seed per request),
-            instead of `uniforms`; offsets: [B] int64/int32 absolute position of draft 0.
+            instead of `uniforms`; offsets: [B] int64/int32 each row's draw cursor (rng.py's rule).
         num_draft_tokens: [B] int64/int32 in [0, g]: ragged rows.
 
     Returns:

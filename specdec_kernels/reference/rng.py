@@ -6,10 +6,26 @@ The torch, Triton and CUDA backends implement the same function bit for bit; thi
 is the specification. All arithmetic stays inside int64 without overflow (products are
 split into 16-bit halves), so the torch version is exact on every device.
 
-Counter layout used by the verification ops: (position, row key, salt, extra), where
-position is the absolute sequence position of the token the draw decides, the row key is
-the batch index for an integer seed (or 0 for per-request seed tensors), the salt
-separates acceptance coins from the final draw, and extra is the tree node index.
+Counter layout: (cursor + i, row key, salt, extra). cursor is the row's draw cursor (the ops'
+`offsets`), i the draw's place in the call (draft i and its coin; the final draw at the number
+of accepted drafts; a tree's level), the row key the batch index for an integer seed (0 for
+per-request seed tensors), the salt the purpose (SALT_* here, standardize.SALT_DRAFT and
+draft_tree.SALT_TREE_DRAFT for the drafters), extra a tree's sibling rank or slot.
+
+The rule: a call (one decoding step) reads the counters cursor .. cursor + g of each purpose (g
+drafts and the final draw; a tree's levels 0..max_depth), and the next call with the same seed
+starts at cursor + g + 1 or later: the cursor advances by the call's width, never by the number
+of tokens accepted. Why: a draw is only as good as its independence from everything already
+decided. Token-wise rejection sampling decides nothing from the draws after its first rejection,
+so a next step keyed by sequence position (cursor + accepted + 1) happens to reuse only unread
+draws; block verification reads every coin and draft of its block (tau is the LARGEST passing
+prefix, so the coins after it are known to have failed), and a sampled tree's shape depends on
+draws at depths past the accepted path; reusing those counters conditions the next step on them
+and the output leaves the target's law. The engine keeps one cursor per row
+(decoding/engine.py, Engine.advance_cursor): it starts at the prompt length and moves by g + 1
+per step. A row's draws so depend only on its seed and its own step history (batch-invariant),
+and a captured CUDA graph replays them (the cursor is a device tensor). The counter word is 32
+bits: a row's cursor wraps after 2^32 / (g + 1) steps, far past any sequence.
 """
 
 import torch
