@@ -4,13 +4,14 @@ The early-exit head of PPD runs on the serial critical path once per decoding st
 final norm, the LM head over the whole vocabulary and a top-k. The baseline is what a
 PyTorch user writes: norm in float32, the LM head in the weights' dtype (cuBLAS), then
 torch.topk over the materialised [B, V] logits. Ours never writes the logits and reads
-the [V, H] weight once, so its bound is the weight read at HBM bandwidth.
+the [V, H] weight once, so its bound is the weight read at the measured copy bandwidth.
 
 Grid: V in {32000, 128256}, H in {2048, 4096}, B in {1, 8, 64}, bf16, rms norm, k = 8.
 Reported per case: median microseconds (CUDA-graph replay, L2 flushed before every
 call; eager wall time if a call cannot be captured), the eager time, the weight bytes,
-GB/s of weight read, percent of the nominal HBM bandwidth (the weight-read bound),
-speed-up over the baseline, and the fraction of ids equal to the float32 reference's.
+GB/s of weight read, pct_bound (weight bytes / time / the measured copy bandwidth:
+bench/_bound.py), speed-up over the baseline, and the fraction of ids equal to the float32
+reference's.
 
     python bench/bench_early_exit_topk.py --out bench/results          # GPU: the full grid
     python bench/bench_early_exit_topk.py --smoke --out /tmp/bench      # tiny shapes (CI, CPU)
@@ -30,8 +31,10 @@ from specdec_kernels import ops
 from specdec_kernels.reference.early_exit import normalize
 
 # bench/ is on sys.path (the script's folder, or pytest's rootdir insertion)
+from _bound import pct_of_bound  # noqa: E402
 from _report import base_parser, write_report  # noqa: E402
-from bench_kv_compact import captured, nominal_bandwidth, time_calls  # noqa: E402
+from _timing import copy_bandwidth  # noqa: E402
+from bench_kv_compact import captured, time_calls  # noqa: E402
 
 FULL = {"B": (1, 8, 64), "H": (2048, 4096), "V": (32000, 128256)}
 SMOKE = {"B": (1, 3), "H": (64,), "V": (200,)}
@@ -99,7 +102,7 @@ def id_agreement(backend: str, inputs: dict) -> float:
     return round(float((got == want).float().mean()), 3)
 
 
-def measure(case: Case, backend: str, repeats: int, nominal: float | None) -> dict:
+def measure(case: Case, backend: str, repeats: int, copy_bw: float | None) -> dict:
     inputs = make_inputs(case)
     row = {"B": case.batch, "H": case.hidden, "V": case.vocab, "dtype": str(case.dtype).replace("torch.", ""),
            "backend": backend, "id_agreement": id_agreement(backend, inputs)}
@@ -110,8 +113,8 @@ def measure(case: Case, backend: str, repeats: int, nominal: float | None) -> di
     nbytes = case.weight_bytes
     row.update(us=round(us, 2), timing="graph" if replay is not None else "eager", eager_us=round(eager, 2),
                weight_MB=round(nbytes / 2**20, 1), GBps=round(nbytes / (us * 1e-6) / 1e9, 1))
-    if nominal:
-        row["pct_hbm"] = round(100 * nbytes / (us * 1e-6) / nominal, 1)
+    if copy_bw:
+        row["pct_bound"] = pct_of_bound(nbytes, us * 1e-6, copy_bw)
     return row
 
 
@@ -131,28 +134,26 @@ def add_speedups(rows: list[dict]) -> None:
 def main(argv=None) -> int:
     parser = base_parser(__doc__)
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(TIMED_BY_DEFAULT))
-    parser.add_argument("--nominal-gbps", type=float, default=None, help="nominal HBM GB/s (default: by device name)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     smoke = args.smoke or device.type == "cpu"
     repeats = args.repeats or (3 if smoke else 30)
-    nominal = args.nominal_gbps * 1e9 if args.nominal_gbps else (
-        nominal_bandwidth(torch.cuda.get_device_name(device)) if device.type == "cuda" else None)
+    copy_bw = copy_bandwidth(device)
     rows = []
     for case in grid(smoke, getattr(torch, args.dtype), device, args.batch):
         for backend in backends_for(device, args.backends):
-            rows.append(measure(case, backend, repeats, nominal))
+            rows.append(measure(case, backend, repeats, copy_bw))
             print(json.dumps(rows[-1]), flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     add_speedups(rows)
-    cols = ["B", "H", "V", "dtype", "backend", "us", "timing", "eager_us", "speedup", "weight_MB", "GBps", "pct_hbm",
+    cols = ["B", "H", "V", "dtype", "backend", "us", "timing", "eager_us", "speedup", "weight_MB", "GBps", "pct_bound",
             "id_agreement"]
-    nominal_gbps = round(nominal / 1e9, 1) if nominal else None
+    copy_gbps = round(copy_bw / 1e9, 1) if copy_bw else None
     write_report(rows, args.out, "early_exit_topk", "early_exit_topk", cols, "python " + " ".join(sys.argv),
-                 {"nominal_hbm_GBps": nominal_gbps, "k": K},
-                 f"k = {K}, rms norm; pct_hbm = weight bytes / time / nominal HBM {nominal_gbps} GB/s (the weight-read "
-                 "bound); speedup over torch.topk(lm_head(norm(h)))")
+                 {"copy_bandwidth_GBps": copy_gbps, "k": K},
+                 f"k = {K}, rms norm; pct_bound = weight bytes / time / copy bandwidth {copy_gbps} GB/s (read + "
+                 "write; bench/_bound.py); speedup over torch.topk(lm_head(norm(h)))")
     return 0
 
 

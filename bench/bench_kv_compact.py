@@ -18,8 +18,8 @@ Backends:
 Reported per case: median microseconds per call (CUDA-graph replay where the call can be
 captured, else eager wall time on the stream, host syncs included) with L2 flushed before
 every call, the eager time too, the bytes that must move (rows whose slot changes x 2L x
-Hkv x D x element size, read + written), GB/s, percent of a measured device-to-device copy
-bandwidth and of the nominal HBM bandwidth, and whether the caches equal the reference's.
+Hkv x D x element size, read + written), GB/s, pct_bound (those bytes / time / a measured
+device-to-device copy's bandwidth: bench/_bound.py), and whether the caches equal the reference's.
 
     python bench/bench_kv_compact.py --out bench/results          # GPU: the full grid
     python bench/bench_kv_compact.py --smoke --out /tmp/bench      # tiny shapes (CI, CPU)
@@ -38,8 +38,9 @@ import torch
 from specdec_kernels import ops
 
 # bench/ is on sys.path (the script's folder, or pytest's rootdir insertion)
+from _bound import pct_of_bound  # noqa: E402
 from _report import base_parser, write_report  # noqa: E402
-from _timing import capture_graph, copy_bandwidth, time_eager  # noqa: E402
+from _timing import FLUSH_BYTES, capture_graph, copy_bandwidth, time_eager  # noqa: E402
 
 FULL = {"B": (1, 8, 32), "N": (8, 64), "layers": 32, "heads": 8, "dim": 128, "prefix": 1024}
 SMOKE = {"B": (1, 3), "N": (8,), "layers": 2, "heads": 2, "dim": 16, "prefix": 16}
@@ -47,10 +48,6 @@ DEPTH = {8: 4, 64: 8}  # tree levels below the root; other N: about log2(N) + 1
 BACKENDS = ("index_select", "torch", "triton", "cuda")
 LAYOUTS = ("stacked", "separate")
 OUR_BACKENDS = ("triton", "cuda")  # the only ones whose speed depends on the layout
-# nominal HBM bandwidth (bytes/s) by device-name fragment, most specific first
-NOMINAL_HBM = (("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("H200", 4.8e12), ("A100-SXM4-80GB", 2.039e12),
-               ("A100", 1.555e12), ("L40S", 0.864e12))
-FLUSH_BYTES = 256 * 2**20  # larger than any L2 here: each timed call starts cold
 
 
 @dataclass
@@ -159,13 +156,6 @@ def moved_bytes(case: Case, accepted_nodes: torch.Tensor) -> int:
     return 2 * rows * 2 * case.layers * case.heads * case.dim * elem
 
 
-def nominal_bandwidth(device_name: str) -> float | None:
-    for fragment, bandwidth in NOMINAL_HBM:
-        if fragment in device_name:
-            return bandwidth
-    return None
-
-
 def time_calls(fn, device: torch.device, repeats: int) -> float:
     """Median microseconds of fn(); on a GPU each call starts with a cold L2 and is timed
     with events on the stream (host syncs inside fn count: the stream waits for them)."""
@@ -195,7 +185,7 @@ def agrees(backend: str, inputs: dict) -> bool:
     return bool(same)
 
 
-def measure(case: Case, backend: str, repeats: int, copy_bw: float | None, nominal: float | None) -> dict:
+def measure(case: Case, backend: str, repeats: int, copy_bw: float | None) -> dict:
     inputs = make_inputs(case)
     row = {"B": case.batch, "N": case.nodes, "layers": case.layers, "Hkv": case.heads, "D": case.dim,
            "layout": case.layout, "dtype": str(case.dtype).replace("torch.", ""), "backend": backend,
@@ -210,9 +200,7 @@ def measure(case: Case, backend: str, repeats: int, copy_bw: float | None, nomin
     row.update(us=round(us, 2), timing="graph" if replay is not None else "eager", eager_us=round(eager, 2),
                moved_MB=round(nbytes / 2**20, 3), GBps=round(nbytes / (us * 1e-6) / 1e9, 1))
     if copy_bw:
-        row["pct_copy"] = round(100 * nbytes / (us * 1e-6) / copy_bw, 1)
-    if nominal:
-        row["pct_hbm"] = round(100 * nbytes / (us * 1e-6) / nominal, 1)
+        row["pct_bound"] = pct_of_bound(nbytes, us * 1e-6, copy_bw)
     return row
 
 
@@ -232,14 +220,13 @@ def runs(cases: list[Case], backends: list[str]) -> list[tuple[Case, str]]:
             if backend in OUR_BACKENDS or case.layout == first_layout]
 
 
-def write_results(rows: list[dict], out: Path, command: str, copy_bw: float | None, nominal: float | None) -> None:
+def write_results(rows: list[dict], out: Path, command: str, copy_bw: float | None) -> None:
     cols = ["B", "N", "layers", "layout", "dtype", "backend", "us", "timing", "eager_us", "moved_MB", "GBps",
-            "pct_copy", "pct_hbm", "mean_accepted", "exact"]
+            "pct_bound", "mean_accepted", "exact"]
     copy_gbps = round(copy_bw / 1e9, 1) if copy_bw else None
-    nominal_gbps = round(nominal / 1e9, 1) if nominal else None
-    write_report(rows, out, "kv_compact", "kv_compact", cols, command,
-                 {"copy_bandwidth_GBps": copy_gbps, "nominal_hbm_GBps": nominal_gbps},
-                 f"copy bandwidth {copy_gbps} GB/s (read + write), nominal HBM {nominal_gbps} GB/s")
+    write_report(rows, out, "kv_compact", "kv_compact", cols, command, {"copy_bandwidth_GBps": copy_gbps},
+                 f"copy bandwidth {copy_gbps} GB/s (read + write); pct_bound = moved bytes / time / copy bandwidth "
+                 "(bench/_bound.py)")
 
 
 def main(argv=None) -> int:
@@ -247,22 +234,19 @@ def main(argv=None) -> int:
     parser.add_argument("--nodes", nargs="+", type=int, default=None, help="override the N axis")
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
-    parser.add_argument("--nominal-gbps", type=float, default=None, help="nominal HBM GB/s (default: by device name)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     smoke = args.smoke or device.type == "cpu"
     repeats = args.repeats or (3 if smoke else 30)
     copy_bw = copy_bandwidth(device)
-    nominal = args.nominal_gbps * 1e9 if args.nominal_gbps else (
-        nominal_bandwidth(torch.cuda.get_device_name(device)) if device.type == "cuda" else None)
     cases = grid(smoke, getattr(torch, args.dtype), device, args.batch, args.nodes, args.layouts)
     rows = []
     for case, backend in runs(cases, backends_for(device, args.backends)):
-        rows.append(measure(case, backend, repeats, copy_bw, nominal))
+        rows.append(measure(case, backend, repeats, copy_bw))
         print(json.dumps(rows[-1]), flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the next case allocates its own caches
-    write_results(rows, args.out, "python " + " ".join(sys.argv), copy_bw, nominal)
+    write_results(rows, args.out, "python " + " ".join(sys.argv), copy_bw)
     return 0 if all(r.get("exact", True) for r in rows) else 1
 
 

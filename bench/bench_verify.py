@@ -14,9 +14,10 @@ perturbed target, the realised acceptance is recorded) and "acceptall" (p == q /
 equal the argmax).
 
 Reported per call: median microseconds (CUDA-graph replay on a GPU when the call can be
-captured, else eager), percent of the minimal-bytes bound (bytes the contract must read
-divided by the measured device-to-device copy bandwidth) and of the nominal bound (all of
-p and q, what a kernel that streams every row reads).
+captured, else eager; L2 flushed before every timed call unless --warm-l2), and, in the one
+convention of bench/_bound.py (bytes / time / the measured copy bandwidth), pct_bound for the
+bytes the contract must read (minimal_bytes) and pct_nominal for all of p and q (what a
+kernel that streams every row reads).
 
     python bench/bench_verify.py --out bench/results          # GPU: the full grid
     python bench/bench_verify.py --smoke --out /tmp/bench      # tiny shapes (CI, CPU)
@@ -35,8 +36,10 @@ import torch
 from specdec_kernels import ops
 from specdec_kernels.selftest.cases_tree import sampled_sibling_tokens
 
-from _report import base_parser, write_report  # noqa: E402  (bench/ is on sys.path: script dir or pytest rootdir)
-from _timing import capture_graph, copy_bandwidth, time_eager  # noqa: E402,F401  (bench_tree_attention uses them via bv)
+from _bound import pct_of_bound  # noqa: E402  (bench/ is on sys.path: script dir or pytest rootdir)
+from _report import base_parser, write_report  # noqa: E402
+# capture_graph, copy_bandwidth and time_eager are also bench_tree_attention's, through this module
+from _timing import FLUSH_BYTES, capture_graph, copy_bandwidth, time_eager  # noqa: E402,F401
 
 FULL = {"B": (1, 8, 64, 256), "g": (1, 4, 8), "V": (32000, 128256, 151936)}
 SMOKE = {"B": (1, 3), "g": (1, 4), "V": (50,)}
@@ -259,9 +262,10 @@ def time_graph(fn, repeats: int, flush_bytes: int = 0) -> float | None:
     return None if graph is None else time_eager(graph.replay, torch.device("cuda"), repeats, flush_bytes)
 
 
-def measure(case: Case, backend: str, repeats: int, bandwidth: float | None, flush_bytes: int = 0) -> dict:
-    """flush_bytes > 0: every timed call starts with a cold L2. Without it (the grid) inputs replayed
-    back to back stay in L2, and the first H100 run's B=64 rows read faster than HBM can deliver."""
+def measure(case: Case, backend: str, repeats: int, bandwidth: float | None, flush_bytes: int = FLUSH_BYTES) -> dict:
+    """Every timed call starts with a cold L2 (flush_bytes written before it; 0: a warm L2). Inputs replayed
+    back to back without the flush stay in L2: the first H100 run's B=64 rows, timed so, read faster than
+    HBM can deliver."""
     inputs = make_inputs(case)
     fn = callable_for(case, backend, inputs)
     out = fn()
@@ -278,8 +282,9 @@ def measure(case: Case, backend: str, repeats: int, bandwidth: float | None, flu
         want = callable_for(case, "torch", inputs)()
         row["exact"] = agrees(case.op, out, want)
     if bandwidth:
-        row["pct_min_bytes"] = round(100 * minimal_bytes(case) / (us * 1e-6) / (bandwidth / 2), 1)
-        row["pct_nominal"] = round(100 * nominal_bytes(case) / (us * 1e-6) / (bandwidth / 2), 1)
+        row["pct_bound"] = pct_of_bound(minimal_bytes(case), us * 1e-6, bandwidth)
+        row["pct_nominal"] = pct_of_bound(nominal_bytes(case), us * 1e-6, bandwidth)
+    row["l2"] = "flushed" if flush_bytes and case.device.type == "cuda" else "warm"
     return row
 
 
@@ -304,17 +309,20 @@ def grid(smoke: bool, dtype: torch.dtype, device: torch.device, ops_=OPS, batche
 
 
 def write_results(rows: list[dict], out: Path, command: str, bandwidth: float | None) -> None:
-    cols = ["op", "B", "g", "V", "regime", "dtype", "backend", "us", "timing", "pct_min_bytes", "pct_nominal",
+    cols = ["op", "B", "g", "V", "regime", "dtype", "backend", "us", "timing", "l2", "pct_bound", "pct_nominal",
             "mean_accepted", "exact"]
     gbps = round(bandwidth / 1e9, 1) if bandwidth else None
     write_report(rows, out, "verify", "Verification ops", cols, command, {"copy_bandwidth_GBps": gbps},
-                 f"copy bandwidth {gbps} GB/s")
+                 f"copy bandwidth {gbps} GB/s (read + write); pct_bound = minimal bytes / time / copy bandwidth, "
+                 "pct_nominal = every row's bytes / time / copy bandwidth (bench/_bound.py)")
 
 
 def main(argv=None) -> int:
     parser = base_parser(__doc__)
     parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
     parser.add_argument("--vocab", nargs="+", type=int, default=None, help="override the V axis")
+    parser.add_argument("--warm-l2", action="store_true",
+                        help="do not flush L2 before each timed call (inputs that fit stay cached between replays)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     smoke = args.smoke or device.type == "cpu"
@@ -323,7 +331,7 @@ def main(argv=None) -> int:
     rows = []
     for case in grid(smoke, getattr(torch, args.dtype), device, args.ops, args.batch, args.vocab):
         for backend in backends_for(case.op, device):
-            rows.append(measure(case, backend, repeats, bandwidth))
+            rows.append(measure(case, backend, repeats, bandwidth, 0 if args.warm_l2 else FLUSH_BYTES))
             print(json.dumps(rows[-1]), flush=True)
     write_results(rows, args.out, "python " + " ".join(sys.argv), bandwidth)
     return 0 if all(r.get("exact", True) for r in rows) else 1

@@ -27,10 +27,14 @@ EOS is switched off so every method generates exactly --max-new-tokens per row.
 
     python bench/e2e.py --out bench/results                 # GPU: TinyLlama-shaped pair, default pair
     python bench/e2e.py --smoke --models PATH --out /tmp/e2e # CPU, tiny (CI)
-Writes e2e.json, e2e.md, e2e_speedup.png, e2e_tokens.png under --out (--stem renames them).
+    python bench/e2e.py --noise 0 0.04 --no-default --methods ours_plain ours_plain_draft hf_dynamic ours_spec \
+        --graph-modes on --hf-modes greedy --jsonl /tmp/rows.jsonl --out /tmp/e2e   # a slice (the first GPU look's)
+Writes e2e.json, e2e.md, e2e_speedup.png, e2e_tokens.png under --out (--stem renames them); --jsonl also appends
+each row to a file the moment it is measured.
 """
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -43,6 +47,7 @@ from _e2e_pairs import (CPU_SHAPE, SMOKE_SHAPE, TINYLLAMA_SHAPE, AlignedPair, Pa
 from _report import write_report  # noqa: E402  (bench/ is on sys.path)
 
 HF_METHODS = ("hf_dynamic", "hf_static", "hf_assisted")
+METHODS = ("ours_plain", "ours_plain_draft", *HF_METHODS, "ours_spec", "ours_hf_hook", "ours_spec_tree")
 COLS = ["pair", "noise", "batch", "mode", "method", "graphs", "gamma", "tree", "status", "tok_s", "first_call_s",
         "second_call_s", "alpha", "acceptance_rate", "mean_accepted", "c", "theory_speedup", "speedup_vs_plain", "measured_over_theory",
         "speedup_vs_hf_static", "vs_chain", "hook_overhead", "hook_overhead_range", "matches_hf_greedy", "error"]
@@ -53,6 +58,13 @@ def parse_args(argv):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--modes", nargs="+", default=["greedy", "sampling"], choices=["greedy", "sampling"])
+    parser.add_argument("--hf-modes", nargs="+", default=None, choices=["greedy", "sampling"],
+                        help="the modes the HF methods run in (default: --modes)")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
+                        help="the methods to run (default: all; ours_spec_tree needs --trees, theory needs "
+                             "ours_plain and ours_plain_draft)")
+    parser.add_argument("--graph-modes", nargs="+", default=None, choices=["on", "off"],
+                        help="our CUDA graphs on a GPU (default: off and on; the CPU runs off only)")
     parser.add_argument("--gammas", type=int, nargs="+", default=[4], help="num_draft_tokens values")
     parser.add_argument("--trees", nargs="*", default=[], metavar="K,N",
                         help="token trees (tree_topk,tree_nodes) run as ours_spec_tree rows at every gamma")
@@ -72,7 +84,12 @@ def parse_args(argv):
     parser.add_argument("--smoke", action="store_true", help="tiny synthetic pair, batch 1 and 2, few tokens (CI)")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--stem", default="e2e", help="output file names")
+    parser.add_argument("--jsonl", type=Path, default=None,
+                        help="also append every row to this file as one JSON line the moment it is measured")
     args = parser.parse_args(argv)
+    args.hf_modes = args.hf_modes or args.modes
+    if args.jsonl is not None and not args.jsonl.resolve().parent.is_dir():
+        parser.error(f"--jsonl {args.jsonl}: no such folder")
     gpu = args.device.startswith("cuda")
     if args.smoke:
         args.batch_sizes, args.gammas, args.prompt_length, args.repeats = [1, 2], [3], 8, 1
@@ -108,6 +125,34 @@ def pairs(args, device, dtype):
         yield local_pair(target, draft, rows, args.prompt_length, device, dtype)
 
 
+class Rows(list):
+    """The rows of one pair; with --jsonl each row is appended to the file as it is added, so a run killed by
+    a time limit keeps every row it finished."""
+
+    def __init__(self, jsonl: Path | None):
+        super().__init__()
+        self.jsonl = jsonl
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        if self.jsonl is not None:
+            with open(self.jsonl, "a", encoding="utf-8") as file:
+                file.write(json.dumps(clean(row)) + "\n")
+
+    def extend(self, rows) -> None:
+        for row in rows:
+            self.append(row)
+
+    def __iadd__(self, rows):
+        self.extend(rows)
+        return self
+
+
+def clean(row: dict) -> dict:
+    """A row as written: no empty fields, no internal ones."""
+    return {k: v for k, v in row.items() if v is not None and k != "median_s"}
+
+
 def measure(row: dict, fn, device, args) -> tuple[dict, object]:
     """Time fn into row (tok_s, first_call_s, second_call_s, status); a failure or timeout is a row, not a
     crash. Graphs kept by earlier rows are freed first: they would make this row's first call a replay
@@ -137,8 +182,8 @@ def run_pair(pair: Pair, args, device, static_tok_s: dict, first_level: bool) ->
     base = {"pair": pair.name, "noise": pair.noise}
     if pair.skip:
         return [{**base, "method": "all", "status": "skipped", "error": pair.skip}]
-    graph_modes = [False, True] if device.type == "cuda" else [False]
-    rows = []
+    graph_modes = [mode == "on" for mode in args.graph_modes or ("off", "on")] if device.type == "cuda" else [False]
+    rows, wanted = Rows(args.jsonl), set(args.methods)
     for batch in args.batch_sizes:
         ids = pair.prompts[:batch].to(device)
         at = {**base, "batch": batch}
@@ -146,6 +191,8 @@ def run_pair(pair: Pair, args, device, static_tok_s: dict, first_level: bool) ->
         for graphs in graph_modes:  # our plain greedy on the target, then on the draft: c per graph mode
             for model, method, store in ((pair.target, "ours_plain", plain),
                                          (pair.draft, "ours_plain_draft", draft_plain)):
+                if method not in wanted:
+                    continue
                 fn = run.ours_method("ours_plain", model, None, ids, args.max_new_tokens, do_sample=False, gamma=0,
                                      graphs=graphs)
                 row, _ = measure({**at, "mode": "greedy", "method": method, "graphs": graphs}, fn, device, args)
@@ -156,6 +203,8 @@ def run_pair(pair: Pair, args, device, static_tok_s: dict, first_level: bool) ->
             at_mode = {**at, "mode": mode}
             hf_greedy = None
             for method in HF_METHODS:
+                if method not in wanted or mode not in args.hf_modes:
+                    continue
                 if method == "hf_static" and not first_level:
                     continue  # its cost does not depend on the noise values; each compile is long
                 for gamma in (args.gammas if method == "hf_assisted" else [None]):
@@ -168,7 +217,7 @@ def run_pair(pair: Pair, args, device, static_tok_s: dict, first_level: bool) ->
                         hf_greedy = new_tokens(out, ids.shape[1])
                     if method == "hf_static" and row["status"] == "ok":
                         static_tok_s[(pair.name, batch, mode)] = row["tok_s"]
-            for gamma in args.gammas:
+            for gamma in args.gammas if "ours_spec" in wanted else ():
                 for graphs in graph_modes:
                     row, out = measure({**at_mode, "method": "ours_spec", "graphs": graphs, "gamma": gamma},
                                        run.ours_method("ours_spec", pair.target, pair.draft, ids, args.max_new_tokens,
@@ -179,8 +228,10 @@ def run_pair(pair: Pair, args, device, static_tok_s: dict, first_level: bool) ->
                         if hf_greedy is not None:
                             row["matches_hf_greedy"] = bool(torch.equal(new_tokens(out, ids.shape[1]), hf_greedy))
                     rows.append(row)
-                    rows.append(hook_row(pair, args, device, ids, at_mode, gamma, graphs, row, hf_greedy))
-            rows += tree_rows(pair, args, device, ids, at_mode, rows, graph_modes, hf_greedy)
+                    if "ours_hf_hook" in wanted:
+                        rows.append(hook_row(pair, args, device, ids, at_mode, gamma, graphs, row, hf_greedy))
+            if "ours_spec_tree" in wanted:
+                rows += tree_rows(pair, args, device, ids, at_mode, rows, graph_modes, hf_greedy)
     return rows
 
 
@@ -293,7 +344,7 @@ def main(argv=None):
     for pair in pairs(args, device, dtype):
         new = run_pair(pair, args, device, static_tok_s, first_level=pair.name not in seen)
         seen.add(pair.name)
-        new = [{k: v for k, v in row.items() if v is not None and k != "median_s"} for row in new]
+        new = [clean(row) for row in new]
         for row in new:
             print({k: row[k] for k in ("pair", "noise", "batch", "mode", "method", "graphs", "gamma", "status",
                                        "tok_s", "alpha", "speedup_vs_plain") if k in row}, flush=True)

@@ -1,13 +1,16 @@
 """The digest at the end of summary.txt: what bench/gpu_first_look.sh found, stage by stage.
 
-    python bench/first_look_summary.py OUT
+    python bench/first_look_summary.py [--call first|second|grids] OUT
 
-Reads what the stages left in OUT, finished or cut off: the selftest's JSON lines (cuda_ops.jsonl,
-engine.jsonl), pytest's junit file (or, when pytest was killed before writing it, its -v log), the
-probe's rows; after --second, the benchmark grids' rows. Prints pass/fail/skip counts per op and backend, every failure (the CPU-side work
-list), and the probe's rows as one line each: microseconds and % of the row's bound.
+Reads what the stages left in OUT, finished or cut off. First call: what changed since the last GPU run
+(facts.json), the selftest's JSON lines (selftest.jsonl), pytest's junit file (or, when pytest was killed
+before writing it, its -v log), the probe's rows, the e2e rows side by side. --second: pytest. --grids: the
+benchmark grids' rows and the e2e sweep. Prints pass/fail/skip counts per op and backend, every failure (the
+CPU-side work list), the probe's rows as one line each (microseconds and % of bench/_bound.py's bound), and per
+e2e setting tokens/s with the measured speed-up beside Leviathan's prediction.
 """
 
+import argparse
 import json
 import re
 import sys
@@ -89,7 +92,7 @@ def pytest_digest(xml_path: Path, log_path: Path) -> list[str]:
 
 LABELS = ("op", "impl", "method", "backend", "B", "g", "V", "P", "N", "L", "H", "graphs")
 TIMES = ("us", "us_per_step")
-BOUNDS = ("pct_min_bytes", "pct_hbm", "pct_copy", "pct_copy_bw", "pct_tc")
+BOUNDS = ("pct_bound", "pct_nominal", "pct_tc")
 CHECKS = ("exact", "ok", "id_agreement")
 
 
@@ -101,7 +104,8 @@ def probe_digest(path: Path) -> list[str]:
     for row in rows:
         section = row.get("section")
         if section == "facts":
-            lines.append(f"  {row.get('device')}: copy bandwidth {row.get('copy_bandwidth_GBps')} GB/s")
+            lines.append(f"  {row.get('device')}: copy bandwidth {row.get('copy_bandwidth_GBps')} GB/s (read + write; "
+                         "pct_bound = bytes the op must move / time / this)")
             continue
         if section == "done":
             lines.append(f"  done in {row.get('seconds')} s")
@@ -112,6 +116,68 @@ def probe_digest(path: Path) -> list[str]:
             if key in row:
                 parts.append(f"{key.upper()}: {row[key]}")
         lines.append(f"  {section}: {label}: {', '.join(parts)}")
+    return lines
+
+
+def changes_digest(path: Path) -> list[str]:
+    """What facts.json says changed since the newest committed GPU results."""
+    try:
+        changes = json.loads(path.read_text()).get("changes") or {}
+    except (OSError, json.JSONDecodeError):
+        return [f"changes: {path.name} missing or unreadable"]
+    lines = [f"changes since {changes.get('since') or 'no committed GPU results (every kernel counts as changed)'}:"]
+    new = changes.get("new") or []
+    for key, keys in (("new (never on a GPU)", new), ("changed", [k for k in changes.get("changed") or [] if k not in new]),
+                      ("unchanged (a control sample)", changes.get("unchanged") or []),
+                      ("shared sources changed", changes.get("shared_changed") or [])):
+        lines.append(f"  {key}: {', '.join(keys) or '-'}")
+    return lines
+
+
+E2E_KEY = ("pair", "noise", "batch", "mode")
+
+
+def e2e_digest(path: Path) -> list[str]:
+    """Per (pair, noise, batch, mode): tokens/s of every method, ours_spec's measured speed-up over ours_plain
+    beside Leviathan's prediction, and over HF's greedy, dynamic and static-cache compiled (HF's cost does not
+    depend on the noise, so a pair's HF rows at another level stand in where a level has none); failed and
+    timed-out rows after."""
+    rows = json_lines(path)
+    if not rows:
+        return [f"e2e: no rows ({path.name} {'empty' if path.is_file() else 'missing'})"]
+    ok = [r for r in rows if r.get("status") == "ok" and "method" in r]
+
+    def hf(method, pair, noise, batch):
+        same = [r for r in ok if (r["method"], r.get("pair"), r.get("batch"), r.get("mode")) ==
+                (method, pair, batch, "greedy")]
+        return next((r for r in same if r.get("noise") == noise), same[0] if same else None)
+
+    lines = ["e2e (tokens/s; ours_spec: measured speed-up over ours_plain vs Leviathan's prediction, then over HF):"]
+    for pair, noise, batch, mode in dict.fromkeys(tuple(r.get(k) for k in E2E_KEY) for r in ok
+                                                  if not r["method"].startswith("hf_")):
+        mine = {r["method"]: r for r in ok if tuple(r.get(k) for k in E2E_KEY) == (pair, noise, batch, mode)}
+        parts = [f"{method.replace('ours_', '')} {mine[method]['tok_s']}" for method in ("ours_plain", "ours_spec")
+                 if method in mine]
+        spec = mine.get("ours_spec", {})
+        if "speedup_vs_plain" in spec:
+            parts.append(f"spec/plain {spec['speedup_vs_plain']}x vs theory {spec.get('theory_speedup')}x "
+                         f"(alpha {spec.get('alpha')}, c {spec.get('c')})")
+        if "ours_spec_tree" in mine:
+            tree = mine["ours_spec_tree"]
+            parts.append(f"tree {tree.get('tree')} {tree['tok_s']} ({tree.get('mean_accepted')} tokens/forward, "
+                         f"{tree.get('vs_chain')}x the chain's)")
+        for method in ("hf_dynamic", "hf_static"):
+            other = hf(method, pair, noise, batch)
+            if other:
+                ratio = f", spec {spec['tok_s'] / other['tok_s']:.2f}x" if spec.get("tok_s") else ""
+                parts.append(f"{method} greedy {other['tok_s']}{ratio}")
+        if "matches_hf_greedy" in spec:
+            parts.append(f"greedy == HF greedy: {spec['matches_hf_greedy']}")
+        lines.append(f"  {pair} noise={noise} B={batch} {mode}: " + "; ".join(parts))
+    for row in rows:
+        if row.get("status") != "ok":
+            label = " ".join(f"{k}={row[k]}" for k in ("method", "pair", "noise", "batch", "mode", "tree") if k in row)
+            lines.append(f"  {str(row.get('status')).upper()} {label}: {str(row.get('error', ''))[:200]}")
     return lines
 
 
@@ -130,19 +196,28 @@ def grid_digest(name: str, path: Path) -> list[str]:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        sys.exit("usage: python bench/first_look_summary.py OUT")
-    out = Path(argv[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--call", choices=("first", "second", "grids"), default=None,
+                        help="which call left OUT (default: told by the files in it)")
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    out = args.out
+    call = args.call or ("grids" if any((out / f"{name}.jsonl").is_file() for name in GRIDS) else
+                         "first" if (out / "selftest.jsonl").is_file() or (out / "probe.jsonl").is_file() else "second")
     lines = ["", "== digest"]
-    if any((out / f"{name}.jsonl").is_file() for name in GRIDS):  # --second
+    if call == "grids":
         for name in GRIDS:
             lines += grid_digest(name, out / f"{name}.jsonl")
+        lines += e2e_digest(out / "e2e.jsonl")
+    elif call == "second":
+        lines += pytest_digest(out / "pytest_gpu.xml", out / "pytest_gpu.log")
     else:
-        lines += selftest_digest("cuda_ops (selftest, CUDA kernels)", out / "cuda_ops.jsonl")
-        lines += selftest_digest("engine (selftest, every strategy)", out / "engine.jsonl")
+        lines += changes_digest(out / "facts.json")
+        lines += selftest_digest("selftest (changed ops, then the control sample and the engine)",
+                                 out / "selftest.jsonl")
         lines += pytest_digest(out / "pytest_gpu.xml", out / "pytest_gpu.log")
         lines += probe_digest(out / "probe.jsonl")
+        lines += e2e_digest(out / "e2e.jsonl")
     print("\n".join(lines))
     return 0
 

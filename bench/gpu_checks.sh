@@ -9,7 +9,7 @@
 #               small and production shapes, CUDA-graph replays, the engine vs greedy (selftest.txt with the
 #               matrix and the progress, selftest.json rewritten after every op; SELFTEST_ARGS adds flags, e.g. --quick)
 #     test      pytest -m gpu, xdist workers when installed     (pytest_gpu.log, pytest_gpu.xml; TEST_ALONGSIDE=1 runs it
-#               in the background beside the selftest)
+#               in the background beside the selftest; the quick tier unless PYTEST_ARGS="--gpu-tier full")
 #     memcheck  compute-sanitizer over tests/test_gpu_*.py    (memcheck.log)
 #     verify    bench/bench_verify.py                         (verify.json/.md; BENCH_ARGS adds flags)
 #     attn      bench/bench_tree_attention.py, the target slice B {8, 32} x P 4096 (ATTN_ARGS overrides)
@@ -60,8 +60,9 @@ run_pytest() {
   # a module that fails to import on this machine costs its own tests, not the run.
   local par=()
   $py -c "import xdist, pytest_timeout" 2>/dev/null && par=(-n "${PYTEST_WORKERS:-8}" --timeout "${PYTEST_PER_TEST:-240}")
+  # shellcheck disable=SC2086  # PYTEST_ARGS: words, e.g. --gpu-tier full
   timeout "$(cap "${PYTEST_TIMEOUT:-540}")" $py -m pytest -m gpu -v -p no:cacheprovider --continue-on-collection-errors \
-    -rfEs ${par[@]+"${par[@]}"} --junitxml "$out/pytest_gpu.xml" >"$out/pytest_gpu.log" 2>&1
+    -rfEs ${par[@]+"${par[@]}"} ${PYTEST_ARGS:-} --junitxml "$out/pytest_gpu.xml" >"$out/pytest_gpu.log" 2>&1
 }
 test_pid=""
 if want test && [ "${TEST_ALONGSIDE:-0}" = 1 ]; then  # pytest -m gpu in the background, beside the selftest

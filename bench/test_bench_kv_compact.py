@@ -2,7 +2,7 @@
 
     pytest bench/test_bench_kv_compact.py --benchmark-only          # full grid on a GPU, tiny shapes on a CPU
     pytest bench/test_bench_kv_compact.py --benchmark-only -k "B32 and cuda"
-Moved bytes, GB/s and the percent of the measured copy bandwidth go to extra_info. Calls are
+Moved bytes, GB/s and pct_bound (bench/_bound.py) go to extra_info. Calls are
 eager (one call + a sync per round); bench_kv_compact.py also replays CUDA graphs.
 """
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import bench_kv_compact as bk
+from _bound import pct_of_bound
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 COPY_BW = None
@@ -44,4 +45,4 @@ def test_kv_compact(benchmark, case, backend):
         benchmark.extra_info["GBps"] = round(nbytes / seconds / 1e9, 1)
         bw = copy_bandwidth()
         if bw:
-            benchmark.extra_info["pct_copy"] = round(100 * nbytes / seconds / bw, 1)
+            benchmark.extra_info["pct_bound"] = pct_of_bound(nbytes, seconds, bw)

@@ -13,6 +13,7 @@ import torch
 
 import bench_tree_attention as bta
 import bench_verify as bv
+from _bound import pct_of_bound
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 COPY_BW = []
@@ -52,11 +53,9 @@ def test_tree_attention(benchmark, case, impl):
     benchmark.extra_info.update({"impl": impl, "B": case.batch, "P": case.prefix, "N": case.nodes,
                                  "prefix": case.prefix_kind, "tree": case.tree, "layout": case.layout,
                                  "kv_MiB": round(bta.kv_bytes(inputs) / 2**20, 1)})
-    nominal_bw, tc_peak = bta.device_peaks(DEVICE)
+    _, tc_peak = bta.device_peaks(DEVICE)
     if benchmark.stats is not None and DEVICE.type == "cuda":  # stats is None under --benchmark-disable
         seconds = benchmark.stats.stats.median
-        benchmark.extra_info["pct_copy_bw"] = round(100 * bta.kv_bytes(inputs) / seconds / copy_bandwidth(), 1)
-        if nominal_bw:
-            benchmark.extra_info["pct_hbm"] = round(100 * bta.kv_bytes(inputs) / seconds / nominal_bw, 1)
+        benchmark.extra_info["pct_bound"] = pct_of_bound(bta.kv_bytes(inputs), seconds, copy_bandwidth())
         if tc_peak:
             benchmark.extra_info["pct_tc"] = round(100 * bta.flops(inputs) / seconds / tc_peak, 1)

@@ -7,11 +7,22 @@ A case is judged exactly as the selftest judges it (selftest.run_case), so a fai
 reads like a failure there.
 """
 
+import os
+
 import pytest
 import torch
 
 from specdec_kernels import selftest
 from specdec_kernels.selftest.model import FAIL, PASS, Plan
+from specdec_kernels.selftest.tiers import CONTROL, spread
+
+# The GPU tests' tiers (`pytest -m gpu --gpu-tier quick|full`; tests/conftest.py sets these variables).
+# quick (the default): at most QUICK_CASES_PER_OP of each op's cases at the catalog's "quick" profile, per
+# backend, spread over its list; sized so that `pytest -m gpu` fits ~3 minutes on 12 workers of an H100
+# machine (bench/gpu_test_budget.py estimates it from the 2026-11-27 run). full: every case at "full".
+TIERS = ("quick", "full")
+TIER_VARIABLE, FOCUS_VARIABLE = "SPECDEC_GPU_TIER", "SPECDEC_GPU_FOCUS"
+QUICK_CASES_PER_OP = 32
 
 
 def catalog_cases(profile: str, device, ops=None, *, where=lambda case: True) -> list:
@@ -50,3 +61,47 @@ def skip_unless_backend(op: str, backend: str, device) -> None:
         ops.resolve(op, backend, torch.device(device))
     except (ValueError, RuntimeError) as error:
         pytest.skip(f"{op} on {backend}: {error}")
+
+
+def gpu_tier() -> str:
+    """The GPU tests' tier: $SPECDEC_GPU_TIER, "quick" when unset."""
+    tier = os.environ.get(TIER_VARIABLE) or "quick"
+    if tier not in TIERS:
+        raise ValueError(f"{TIER_VARIABLE} (--gpu-tier) must be one of {', '.join(TIERS)} (got {tier!r})")
+    return tier
+
+
+def gpu_profile() -> str:
+    """The catalog profile of the tier's cases."""
+    return "full" if gpu_tier() == "full" else "quick"
+
+
+def gpu_focus() -> set | None:
+    """$SPECDEC_GPU_FOCUS ("op/backend" or "op" items, comma-separated; --gpu-focus): the kernels that get the
+    tier's cases; every other (op, backend) gets a control sample. None (unset): every kernel gets the tier."""
+    text = os.environ.get(FOCUS_VARIABLE)
+    if text is None:
+        return None
+    focus = set()
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        op, _, backend = item.partition("/")
+        focus |= {(op, backend)} if backend else {(op, "cuda"), (op, "triton")}  # an op alone: both backends
+    return focus
+
+
+def gpu_catalog(device, ops, backends=("cuda", "triton")) -> list:
+    """pytest.param(case, backend) of the GPU tier for every catalog case of `ops` on each of `backends`:
+    the tier's sample of each op (quick: QUICK_CASES_PER_OP spread over the op's list; full: all), or a
+    control sample of CONTROL cases for a kernel outside the focus."""
+    tier, focus = gpu_tier(), gpu_focus()
+    params = []
+    for op in ops:
+        cases = [p.values[0] for p in catalog_cases(gpu_profile(), device, (op,))]
+        for backend in backends:
+            limit = None if tier == "full" else QUICK_CASES_PER_OP
+            if focus is not None and (op, backend) not in focus:
+                limit = CONTROL
+            for case in spread(cases, limit):
+                dtype = "-" if case.dtype is None else str(case.dtype).replace("torch.", "")
+                params.append(pytest.param(case, backend, id=f"{case.op}[{case.name}]-{dtype}-{backend}"))
+    return params

@@ -13,6 +13,26 @@ if not torch.cuda.is_available():
 collect_ignore_glob = [] if importlib.util.find_spec("triton") else ["test_triton_*.py"]
 
 
+def pytest_addoption(parser):
+    group = parser.getgroup("gpu", "GPU test tiers (tests/catalog_support.py)")
+    group.addoption("--gpu-tier", choices=("quick", "full"), default=None,
+                    help="the catalog cases of `-m gpu`: quick (default: a sample per op, ~3 minutes on 12 workers "
+                         "of an H100) or full (every case; about 4000 tests)")
+    group.addoption("--gpu-focus", metavar="OP[/BACKEND],...", default=None,
+                    help="only these kernels get the tier's cases; every other kernel a control sample")
+
+
+def pytest_configure(config):
+    """The options reach the catalog's parametrisation (made when test modules are imported, also in
+    xdist workers, which get the same options) through the environment."""
+    from catalog_support import FOCUS_VARIABLE, TIER_VARIABLE
+
+    for option, variable in (("--gpu-tier", TIER_VARIABLE), ("--gpu-focus", FOCUS_VARIABLE)):
+        value = config.getoption(option)
+        if value is not None:
+            os.environ[variable] = value
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests skip cleanly on machines without CUDA; Triton tests need a GPU or the
     interpreter (TRITON_INTERPRET=1 before the first import of triton)."""

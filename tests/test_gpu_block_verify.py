@@ -1,7 +1,7 @@
 """GPU tests of block_verify / block_verify_logits on every GPU backend this machine has
 (`gpu_support.backends_here`: triton, and cuda once csrc/block_verify*.cu is built and registered).
 
-The kernel cases are the catalog's (specdec_kernels/selftest/cases_chain.py at profile "full":
+The kernel cases are the catalog's (selftest/cases_chain.py: a sample per op; `--gpu-tier full`: all of "full":
 B up to 300, V up to 151936, every dtype and randomness mode, hostile rows with out-of-range
 ids, g = 0, one-hot drafts, strided and int32 inputs, per-row temperatures, CUDA-graph
 replays), through the public ops (or, for ids the op would refuse on the CPU, the backend
@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from catalog_support import catalog_cases, check_case, skip_unless_backend  # noqa: E402
+from catalog_support import check_case, gpu_catalog, gpu_profile, skip_unless_backend  # noqa: E402
 from gpu_support import backends_here  # noqa: E402
 from specdec_kernels import ops  # noqa: E402
 from specdec_kernels.common import workspace as _workspace  # noqa: E402
@@ -42,11 +42,10 @@ def assert_exact(got, want, vocab, what=""):
     assert bool(((final >= 0) & (final < vocab)).all())
 
 
-@pytest.mark.parametrize("backend", ("cuda", "triton"))
-@pytest.mark.parametrize("case", catalog_cases("full", "cuda", ops=CATALOG_OPS))
+@pytest.mark.parametrize("case,backend", gpu_catalog("cuda", CATALOG_OPS))
 def test_catalog_case(case, backend):
     skip_unless_backend(case.op, backend, "cuda")
-    check_case(case, backend, "cuda", profile="full", graphs=True)
+    check_case(case, backend, "cuda", profile=gpu_profile(), graphs=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -9,7 +9,7 @@ Skips without CUDA (the triton cases also run without the built _C)."""
 
 import pytest
 import torch
-from catalog_support import catalog_cases, check_case, skip_unless_backend
+from catalog_support import check_case, gpu_catalog, gpu_profile, skip_unless_backend
 from early_exit_support import random_inputs
 
 from specdec_kernels import ops
@@ -20,11 +20,10 @@ DEVICE = "cuda"
 BACKENDS = ("cuda", "triton")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", catalog_cases("full", DEVICE, ops=("early_exit_topk",)))
+@pytest.mark.parametrize("case,backend", gpu_catalog(DEVICE, ("early_exit_topk",), BACKENDS))
 def test_catalog_case(case, backend):
     skip_unless_backend(case.op, backend, DEVICE)
-    check_case(case, backend, DEVICE, profile="full", graphs=True)
+    check_case(case, backend, DEVICE, profile=gpu_profile(), graphs=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,13 +1,15 @@
-"""bench/gpu_first_look.sh on the CPU (--dry-run): the first GPU call must not die of a typo.
+"""bench/gpu_first_look.sh on the CPU (--dry-run): the GPU calls must not die of a typo.
 
 The dry run takes every stage's code path with CPU stand-ins (the selftest's dev mode, pytest -m gpu
-collecting and skipping, the probe's tiny shapes) and must leave the same <= 8 files the GPU call
-returns, each readable, and a summary with a digest. The digest itself is checked on made-up stage
-files: failures must be listed, and a pytest cut off before its junit file still counted from its log.
+collecting and skipping, the probe's and e2e's tiny shapes) and must leave the same <= 8 files the GPU call
+returns, each readable, and a summary with the plan (budgets that fit 540 s), a line per stage with its
+budget and rows, a digest and the next call. The digest itself is checked on made-up stage files: failures
+must be listed, and a pytest cut off before its junit file still counted from its log.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -21,10 +23,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 import first_look_summary  # noqa: E402
 
 MAX_FILES = 8  # what one device call brings back
-FIRST_FILES = {"summary.txt", "facts.json", "log.txt", "cuda_ops.jsonl", "engine.jsonl", "pytest_gpu.log",
-               "pytest_gpu.xml", "probe.jsonl"}
-SECOND_FILES = {"summary.txt", "facts.json", "log.txt", "verify.jsonl", "tree_attention.jsonl", "kv_compact.jsonl",
-                "early_exit_topk.jsonl"}
+MAX_WALL_S = 540  # one device call: <= 9 minutes
+FIRST_FILES = {"summary.txt", "facts.json", "log.txt", "selftest.jsonl", "pytest_gpu.log", "pytest_gpu.xml",
+               "probe.jsonl", "e2e.jsonl"}
+SECOND_FILES = {"summary.txt", "facts.json", "log.txt", "pytest_gpu.log", "pytest_gpu.xml"}
+GRIDS_FILES = {"summary.txt", "facts.json", "log.txt", "verify.jsonl", "tree_attention.jsonl", "kv_compact.jsonl",
+               "early_exit_topk.jsonl", "e2e.jsonl"}
 
 
 def dry_run(out: Path, *flags: str) -> subprocess.CompletedProcess:
@@ -38,38 +42,103 @@ def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def plan_of(summary: str) -> dict[str, int]:
+    """The plan line's stages and budgets; checks that its stated wall is the budgets' wall and fits a call."""
+    line, = [x for x in summary.splitlines() if x.startswith("plan (stage budget): ")]
+    stages, total = line.removeprefix("plan (stage budget): ").split(" = ")
+    budgets, wall = {}, 0
+    for group in stages.split(", "):  # "a 10 s | b 20 s + c 5 s": side by side, the longest branch counts
+        branches = [{name: int(s) for name, s in re.findall(r"(\w+) (\d+) s", branch)} for branch in group.split(" | ")]
+        wall += max(sum(branch.values()) for branch in branches)
+        for branch in branches:
+            budgets.update(branch)
+    assert total == f"{wall} s of wall (deadline {MAX_WALL_S} s)" and wall <= MAX_WALL_S, line
+    return budgets
+
+
+def check_stage_lines(summary: str, budgets: dict[str, int], rows: dict[str, str]) -> None:
+    """Every stage of the plan ended with a line naming its budget; `rows`: stage -> the file its rows are in."""
+    for name, seconds in budgets.items():
+        lines = [x for x in summary.splitlines() if x.startswith(f"{name}: ") and f"(budget {seconds} s)" in x]
+        assert lines, f"no line for stage {name} with its budget {seconds} s"
+        if name in rows:
+            found = re.search(rf"(\d+) rows in {re.escape(rows[name])}", lines[-1])
+            assert found and int(found.group(1)) > 0, lines[-1]
+
+
 def test_the_first_call_dry_run_leaves_its_eight_files(tmp_path):
     done = dry_run(tmp_path)
     summary = (tmp_path / "summary.txt").read_text()
     assert done.returncode == 0, summary + (tmp_path / "log.txt").read_text()[-3000:]
     files = {p.name for p in tmp_path.iterdir()}
     assert files == FIRST_FILES and len(files) <= MAX_FILES
-    for stage in ("cuda_ops: ok", "engine: ok", "tests: ok", "probe: ok", "== digest", "== exit 0"):
-        assert stage in summary, stage
-    ops = records(tmp_path / "cuda_ops.jsonl")
-    assert "header" in ops[0] and all(row["status"] == "pass" for row in ops[1:]) and len(ops) > 5
-    engine = [row for row in records(tmp_path / "engine.jsonl") if "status" in row]
-    assert sum(row["status"] == "pass" for row in engine) == 6  # every strategy vs HF per prompt, eager
+    budgets = plan_of(summary)
+    assert list(budgets) == ["facts", "build", "selftest", "tests", "probe", "e2e", "digest"]
+    check_stage_lines(summary, budgets, {"selftest": "selftest.jsonl", "tests": "pytest_gpu.xml",
+                                         "probe": "probe.jsonl", "e2e": "e2e.jsonl"})
+    for verdict in ("selftest: ok", "tests: ok", "probe: ok", "e2e: ok", "== digest", "== exit 0"):
+        assert verdict in summary, verdict
+    assert "next: bash bench/gpu_first_look.sh --second" in summary
+    facts = json.loads((tmp_path / "facts.json").read_text())
+    assert facts["cuda_available"] is False and facts["kernels_record"]["kernels"]
+    changes = facts["changes"]  # against the newest committed record (bench/results/*/kernels.json)
+    assert changes["since"].startswith("bench/results/")
+    assert sorted(changes["changed"] + changes["unchanged"]) == sorted(facts["kernels_record"]["kernels"])
+    assert changes["changed"][:len(changes["new"])] == changes["new"]  # new kernels first
+    checks = records(tmp_path / "selftest.jsonl")
+    assert "header" in checks[0] and all(row["status"] in ("pass", "skip") for row in checks[1:])
+    ops_run = list(dict.fromkeys(row["op"] for row in checks[1:]))
+    assert ops_run[-1] == "engine"
+    if changes["changed"]:  # the changed ops first, in gpu_changes.py's order
+        assert ops_run[0] == changes["changed"][0].split("/")[0]
+    assert sum(row["status"] == "pass" for row in checks if row.get("op") == "engine") == 6  # every strategy vs HF
     probe = records(tmp_path / "probe.jsonl")
-    sections = {row["section"] for row in probe}
-    assert sections == {"facts", "verify", "attention", "kv", "exit", "engine", "done"}
+    assert {row["section"] for row in probe} == {"facts", "verify", "attention", "kv", "exit", "done"}
     assert not [row for row in probe if "error" in row or row.get("exact") is False or row.get("ok") is False]
+    assert [row for row in probe if row["section"] == "verify"][0]["op"] == "block_verify"  # never timed on a GPU
+    attention = {(row["B"], row["P"], row["impl"]) for row in probe if row["section"] == "attention"}
+    assert len({(b, p) for b, p, _ in attention}) == 2 and {impl for _, _, impl in attention} >= {"sdpa", "triton"}
     suite = ET.parse(tmp_path / "pytest_gpu.xml").getroot()
     assert sum(int(s.get("tests", 0)) for s in suite.iter("testsuite")) > 100  # collected, skipped without a GPU
-    assert json.loads((tmp_path / "facts.json").read_text())["cuda_available"] is False
+    e2e = records(tmp_path / "e2e.jsonl")
+    assert all(row["status"] == "ok" for row in e2e), [row for row in e2e if row["status"] != "ok"]
+    assert {row["method"] for row in e2e} == {"ours_plain", "ours_plain_draft", "hf_dynamic", "ours_spec",
+                                              "ours_spec_tree", "hf_static"}
+    assert {row["batch"] for row in e2e} == {1, 2} and {row["noise"] for row in e2e} == {0.0, 0.3}
+    assert {row["mode"] for row in e2e if row["method"] == "ours_spec"} == {"greedy", "sampling"}
+    assert {row["mode"] for row in e2e if row["method"].startswith("hf_")} == {"greedy"}
+    assert all("theory_speedup" in row and "speedup_vs_plain" in row for row in e2e if row["method"] == "ours_spec")
+    assert "e2e (tokens/s" in summary and "vs theory" in summary
 
 
-def test_the_second_call_dry_run_leaves_its_grids(tmp_path):
+def test_the_second_call_dry_run_runs_the_full_tier_beside_the_sanitizers(tmp_path):
     done = dry_run(tmp_path, "--second")
     summary = (tmp_path / "summary.txt").read_text()
     assert done.returncode == 0, summary + (tmp_path / "log.txt").read_text()[-3000:]
     files = {p.name for p in tmp_path.iterdir()}
     assert files == SECOND_FILES and len(files) <= MAX_FILES
-    for stage in ("memcheck: ok", "racecheck: ok", "verify: ok", "tree_attention: ok", "kv_compact: ok",
-                  "early_exit_topk: ok", "== digest"):
-        assert stage in summary, stage
-    for name in ("verify", "tree_attention", "kv_compact", "early_exit_topk"):
-        assert records(tmp_path / f"{name}.jsonl"), name
+    budgets = plan_of(summary)
+    check_stage_lines(summary, budgets, {"tests": "pytest_gpu.xml"})
+    for verdict in ("memcheck: ok", "racecheck: ok", "tests: ok", "== digest", "next: bash bench/gpu_first_look.sh "
+                    "--grids"):
+        assert verdict in summary, verdict
+    assert "--gpu-tier full" in (tmp_path / "pytest_gpu.log").read_text() or "--gpu-tier full" in summary
+    suite = ET.parse(tmp_path / "pytest_gpu.xml").getroot()
+    assert sum(int(s.get("tests", 0)) for s in suite.iter("testsuite")) > 3000  # the whole catalog
+
+
+def test_the_grids_call_dry_run_leaves_its_grids(tmp_path):
+    done = dry_run(tmp_path, "--grids")
+    summary = (tmp_path / "summary.txt").read_text()
+    assert done.returncode == 0, summary + (tmp_path / "log.txt").read_text()[-3000:]
+    files = {p.name for p in tmp_path.iterdir()}
+    assert files == GRIDS_FILES and len(files) <= MAX_FILES
+    budgets = plan_of(summary)
+    grids = ("verify", "tree_attention", "kv_compact", "early_exit_topk", "e2e")
+    check_stage_lines(summary, budgets, {name: f"{name}.jsonl" for name in grids})
+    for name in grids:
+        assert f"{name}: ok" in summary and records(tmp_path / f"{name}.jsonl"), name
+    assert "== digest" in summary and "next: none planned" in summary
 
 
 def test_an_unknown_flag_is_refused(tmp_path):
@@ -82,21 +151,30 @@ def test_the_digest_lists_failures_and_counts_a_cut_off_pytest(tmp_path, capsys)
     check = dict(op="greedy_verify", backend="cuda", case="B=256 V=151936", dtype="bfloat16", error=None,
                  message="", seconds=0.1)
     lines = [{"header": {}}, dict(check, status="pass"), dict(check, status="fail", message="tokens differ at row 3")]
-    (tmp_path / "cuda_ops.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + '\n{"op": "cut off mid-li')
+    (tmp_path / "selftest.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + '\n{"op": "cut off mid-li')
     (tmp_path / "pytest_gpu.log").write_text(
         "tests/test_gpu_a.py::test_one PASSED [ 1%]\ntests/test_gpu_a.py::test_two FAILED [ 2%]\n"
         "tests/test_gpu_b.py::test_three PASSED [ 3%]\n")
     (tmp_path / "probe.jsonl").write_text(json.dumps(
-        {"section": "verify", "op": "greedy_verify", "B": 1, "backend": "cuda", "us": 12.5, "pct_min_bytes": 40.1,
+        {"section": "verify", "op": "greedy_verify", "B": 1, "backend": "cuda", "us": 12.5, "pct_bound": 40.1,
          "exact": True}) + "\n")
-    assert first_look_summary.main([str(tmp_path)]) == 0
+    e2e = dict(pair="synthetic", noise=0.0, batch=1, mode="greedy", graphs=True, status="ok")
+    (tmp_path / "e2e.jsonl").write_text("\n".join(json.dumps(x) for x in (
+        dict(e2e, method="ours_plain", tok_s=500.0), dict(e2e, method="hf_dynamic", tok_s=100.0),
+        dict(e2e, method="ours_spec", tok_s=1500.0, speedup_vs_plain=3.0, theory_speedup=3.5, alpha=1.0, c=0.1,
+             matches_hf_greedy=True),
+        dict(e2e, method="hf_static", status="timeout", error="still running after 40 s (--method-timeout)"))) + "\n")
+    assert first_look_summary.main(["--call", "first", str(tmp_path)]) == 0
     digest = capsys.readouterr().out
-    assert "cuda_ops (selftest, CUDA kernels): 1 passed, 1 failed, 0 skipped" in digest
+    assert "selftest (changed ops, then the control sample and the engine): 1 passed, 1 failed, 0 skipped" in digest
     assert "FAIL greedy_verify [cuda] B=256 V=151936 bfloat16: tokens differ at row 3" in digest
     assert "cut off before its junit file; the log shows 2 passed, 1 failed" in digest
     assert "FAIL tests/test_gpu_a.py::test_two" in digest
-    assert "op=greedy_verify backend=cuda B=1: us=12.5, pct_min_bytes=40.1, exact=True" in digest
-    assert "engine (selftest, every strategy): no checks recorded (engine.jsonl missing)" in digest
+    assert "op=greedy_verify backend=cuda B=1: us=12.5, pct_bound=40.1, exact=True" in digest
+    assert ("synthetic noise=0.0 B=1 greedy: plain 500.0; spec 1500.0; spec/plain 3.0x vs theory 3.5x (alpha 1.0, "
+            "c 0.1); hf_dynamic greedy 100.0, spec 15.00x; greedy == HF greedy: True") in digest
+    assert "TIMEOUT method=hf_static pair=synthetic noise=0.0 batch=1 mode=greedy: still running after 40 s" in digest
+    assert "changes: facts.json missing or unreadable" in digest
 
 
 @pytest.mark.parametrize("script", ["gpu_first_look.sh", "gpu_checks.sh"])

@@ -1,6 +1,6 @@
 """GPU tests of greedy_verify: the case catalog on every GPU backend, and the raw _C contract.
 
-The kernel cases are the catalog's (specdec_kernels/selftest/cases_chain.py at profile "full":
+The kernel cases are the catalog's (selftest/cases_chain.py: a sample per op; `--gpu-tier full`: all of "full":
 V up to 151936, B up to 256, every dtype, ragged and clamped counts, NaN / inf / tie rows at
 every position, ties across CUDA chunks, out-of-range ids, strided and unaligned logits, g = 0,
 empty batches, CUDA-graph replays), run through the public op on backend "cuda" and "triton"
@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from catalog_support import catalog_cases, check_case, skip_unless_backend  # noqa: E402
+from catalog_support import check_case, gpu_catalog, gpu_profile, skip_unless_backend  # noqa: E402
 from gpu_support import CUDA_KERNEL_MARKS, _C  # noqa: E402
 
 pytestmark = CUDA_KERNEL_MARKS
@@ -111,11 +111,10 @@ def random_logits(B, G, V, dtype, gen, device="cuda"):
 # ----------------------------------------------------------------------------
 # The catalog, through the public op
 # ----------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", ("cuda", "triton"))
-@pytest.mark.parametrize("case", catalog_cases("full", "cuda", ops=("greedy_verify",)))
+@pytest.mark.parametrize("case,backend", gpu_catalog("cuda", ("greedy_verify",)))
 def test_catalog_case(case, backend):
     skip_unless_backend(case.op, backend, "cuda")
-    check_case(case, backend, "cuda", profile="full", graphs=True)
+    check_case(case, backend, "cuda", profile=gpu_profile(), graphs=True)
 
 
 def test_auto_backend_is_cuda():

@@ -19,7 +19,7 @@ from gpu_support import CUDA_KERNEL_MARKS, _C  # noqa: E402
 
 pytestmark = CUDA_KERNEL_MARKS
 
-from catalog_support import catalog_cases, check_case, skip_unless_backend  # noqa: E402
+from catalog_support import check_case, gpu_catalog, gpu_profile, skip_unless_backend  # noqa: E402
 
 from specdec_kernels import ops  # noqa: E402
 from specdec_kernels.common import kv_layout as _kv_layout  # noqa: E402
@@ -28,11 +28,10 @@ from specdec_kernels.selftest.cases_kv import random_accepted  # noqa: E402
 BACKENDS = ["cuda", "triton"]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", catalog_cases("full", "cuda", ops=("kv_compact",)))
+@pytest.mark.parametrize("case,backend", gpu_catalog("cuda", ("kv_compact",), BACKENDS))
 def test_catalog_case(case, backend):
     skip_unless_backend(case.op, backend, "cuda")
-    check_case(case, backend, "cuda", profile="full", graphs=True)
+    check_case(case, backend, "cuda", profile=gpu_profile(), graphs=True)
 
 
 def stacked_caches(layers, batch, heads, seq, dim, dtype, gen):

@@ -1,6 +1,6 @@
 """GPU tests of relaxed_verify, bild_verify and max_prob (csrc/logit_verify.cu, and Triton).
 
-The kernel cases are the catalog's (specdec_kernels/selftest/cases_chain.py at profile "full":
+The kernel cases are the catalog's (selftest/cases_chain.py: a sample per op; `--gpu-tier full`: all of "full":
 random shapes up to V = 151936 / B = 256 in every dtype, beta / tau sweeps and boundaries, tau
 in float32, BiLD thresholds 0 / inf / clear of the logsumexp band, NaN / inf / tie rows at
 every position, ties across CUDA chunks, out-of-range ids, strided and unaligned logits, g = 0,
@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from catalog_support import catalog_cases, check_case, skip_unless_backend  # noqa: E402
+from catalog_support import check_case, gpu_catalog, gpu_profile, skip_unless_backend  # noqa: E402
 from gpu_support import CUDA_KERNEL_MARKS, _C  # noqa: E402
 
 from specdec_kernels import ops  # noqa: E402
@@ -136,11 +136,10 @@ def cached_workspaces_are_zero():
 CATALOG_OPS = ("relaxed_verify", "bild_verify", "max_prob")
 
 
-@pytest.mark.parametrize("backend", ("cuda", "triton"))
-@pytest.mark.parametrize("case", catalog_cases("full", "cuda", ops=CATALOG_OPS))
+@pytest.mark.parametrize("case,backend", gpu_catalog("cuda", CATALOG_OPS))
 def test_catalog_case(case, backend):
     skip_unless_backend(case.op, backend, "cuda")
-    check_case(case, backend, "cuda", profile="full", graphs=True)
+    check_case(case, backend, "cuda", profile=gpu_profile(), graphs=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

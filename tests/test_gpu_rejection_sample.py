@@ -1,6 +1,6 @@
 """GPU tests of rejection_sample / rejection_sample_logits (csrc/rejection_sample.cu, and Triton).
 
-The kernel cases are the catalog's (specdec_kernels/selftest/cases_chain.py at profile "full":
+The kernel cases are the catalog's (selftest/cases_chain.py: a sample per op; `--gpu-tier full`: all of "full":
 V up to 151936, B up to 300, every dtype and randomness mode, ragged rows, small and odd
 vocabularies (1, 7, 2047, 2048, 2049, 8200, 50000), g = 0, the adversarial row patterns with
 out-of-range ids, an empty residual, strided / unaligned / expanded inputs, temperatures, CUDA-
@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from catalog_support import catalog_cases, check_case, skip_unless_backend  # noqa: E402
+from catalog_support import check_case, gpu_catalog, gpu_profile, skip_unless_backend  # noqa: E402
 from gpu_support import CUDA_KERNEL_MARKS  # noqa: E402
 from specdec_kernels import ops  # noqa: E402
 
@@ -83,11 +83,10 @@ def cached_workspaces_are_zero():
 CATALOG_OPS = ("rejection_sample", "rejection_sample_logits")
 
 
-@pytest.mark.parametrize("backend", ("cuda", "triton"))
-@pytest.mark.parametrize("case", catalog_cases("full", "cuda", ops=CATALOG_OPS))
+@pytest.mark.parametrize("case,backend", gpu_catalog("cuda", CATALOG_OPS))
 def test_catalog_case(case, backend):
     skip_unless_backend(case.op, backend, "cuda")
-    check_case(case, backend, "cuda", profile="full", graphs=True)
+    check_case(case, backend, "cuda", profile=gpu_profile(), graphs=True)
 
 
 # ------------------------------------------------------------------ workspace, graphs, statistics

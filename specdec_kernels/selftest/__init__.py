@@ -18,8 +18,10 @@ Exit status: 0 when nothing failed (skips allowed), 1 when a check failed, 2 wit
 CUDA GPU (or on a usage error).
 
     specdec-kernels selftest                   # everything
-    specdec-kernels selftest --quick --json selftest.json
+    specdec-kernels selftest --quick --json selftest.json    # small shapes, at most tiers.SELFTEST_QUICK cases per op
     specdec-kernels selftest --ops tree_attention,greedy_verify --backends triton
+    specdec-kernels selftest --quick --ops block_verify,engine --control-ops kv_compact   # in this order; kv_compact
+                                                             # at a control sample (bench/gpu_first_look.sh's use)
 
 `--device cpu` tests the selftest itself (CI): the same matrix at tiny shapes, the Triton
 kernels under TRITON_INTERPRET=1 (set by re-running the command), no CUDA graphs.
@@ -40,6 +42,7 @@ import torch
 from .model import DTYPES, FAIL, PASS, SKIP, Plan, Result
 from .report import JsonLinesLog, format_header, format_report, header, matrix
 from .runner import CASE_FAMILIES, execute, run_case
+from .tiers import CONTROL, SELFTEST_QUICK
 
 # CASE_FAMILIES, DTYPES and run_case are not used here: tests/test_selftest.py builds and runs cases through them
 __all__ = ["CASE_FAMILIES", "DTYPES", "Plan", "Result", "add_arguments", "execute", "run", "run_case", "verdict",
@@ -56,8 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jsonl", metavar="FILE",
                         help="also append the header and then every check to FILE, one JSON line each, the moment "
                              "it finishes (a run cut off by a timeout keeps every check it finished)")
-    parser.add_argument("--quick", action="store_true", help="small shapes only (skips the production shapes)")
-    parser.add_argument("--ops", metavar="NAME,...", help="only these ops (default: every registered op)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"small shapes only (skips the production shapes), at most {SELFTEST_QUICK} cases per op "
+                             "spread over its catalog")
+    parser.add_argument("--ops", metavar="NAME,...",
+                        help="only these ops, in this order (default: every registered op)")
+    parser.add_argument("--control-ops", metavar="NAME,...",
+                        help=f"also these ops, after --ops, at a control sample of {CONTROL} cases each (what "
+                             "bench/gpu_first_look.sh runs for ops whose kernels did not change since the last "
+                             "GPU run)")
     parser.add_argument("--backends", metavar="NAME,...",
                         help="only these backends (default: cuda,triton; an explicitly named backend that "
                              "cannot run here is a failure, a default one a skip)")
@@ -78,7 +88,7 @@ def _argv(args) -> list[str]:
     """The command line of `args` again (to re-run the CPU dev mode under the Triton interpreter)."""
     argv = ["selftest", "--device", args.device, "--seed", str(args.seed)]
     for flag, value in (("--json", args.json), ("--jsonl", args.jsonl), ("--ops", args.ops),
-                        ("--backends", args.backends)):
+                        ("--control-ops", args.control_ops), ("--backends", args.backends)):
         if value is not None:
             argv += [flag, value]
     for flag, on in (("--quick", args.quick), ("--no-graphs", args.no_graphs), ("--no-engine", args.no_engine)):
@@ -105,10 +115,14 @@ def run(args) -> int:
     from .. import ops
 
     known = (*ops.registered_ops(), "engine")
-    wanted = _split(args.ops) or list(known)
-    unknown = [name for name in wanted if name not in known]
-    if unknown:
-        return fail(f"--ops: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    wanted = _split(args.ops) or ([] if args.control_ops else list(known))
+    control = [name for name in _split(args.control_ops) or [] if name not in wanted]
+    for flag, names in (("--ops", wanted), ("--control-ops", control)):
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            return fail(f"{flag}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    limits = {name: SELFTEST_QUICK for name in wanted} if args.quick else {}
+    limits.update({name: CONTROL for name in control})
     backends = _split(args.backends) or list(GPU_BACKENDS)
     bad = [b for b in backends if b not in GPU_BACKENDS]
     if bad:
@@ -130,8 +144,8 @@ def run(args) -> int:
         backends = [b for b in backends if b == "triton"]  # the cuda backend needs a GPU: nothing to run
     plan = Plan(device=device, profile="tiny" if device.type == "cpu" else ("quick" if args.quick else "full"),
                 backends=tuple(backends), explicit_backends=args.backends is not None and device.type == "cuda",
-                ops=tuple(name for name in known if name in wanted), graphs=not args.no_graphs,
-                engine=not args.no_engine, seed=args.seed)
+                ops=tuple(dict.fromkeys([*wanted, *control])), graphs=not args.no_graphs,
+                engine=not args.no_engine, seed=args.seed, cases_per_op=limits)
     info = header(plan)
     if args.jsonl:
         plan.results = JsonLinesLog(args.jsonl, info)

@@ -54,3 +54,5 @@ class Plan:
     # capture(device, fn) -> (outputs, replay): how graph checks capture; None = CUDA graphs (on a GPU only).
     # Tests pass an eager stand-in to check the graph-check logic on the CPU.
     capture: Callable | None = None
+    # op -> at most this many of its cases (tiers.spread); an op not named here runs every case of the profile
+    cases_per_op: dict = field(default_factory=dict)

@@ -14,6 +14,7 @@ from .cases_tree import tree_cases
 from .device import ContextLost, context_alive, describe_error, sync
 from .engine import run_engine
 from .model import FAIL, PASS, SKIP, Case, Plan, Result
+from .tiers import spread
 
 CASE_FAMILIES = (chain_cases, tree_cases, attention_cases, kv_cases, early_exit_cases)
 
@@ -145,7 +146,7 @@ def execute(plan: Plan, progress: Callable = lambda op, done, seconds: None) -> 
     for case in cases:
         by_op.setdefault(case.op, []).append(case)
     for op in plan.ops:
-        op_cases = by_op.get(op, [])
+        op_cases = spread(by_op.get(op, []), plan.cases_per_op.get(op))
         if op == "engine" or not op_cases:
             continue
         started, before = time.perf_counter(), len(results)
