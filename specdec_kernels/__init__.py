@@ -8,7 +8,7 @@ from . import ops, reference
 from ._build_info import build_info
 from ._version import __version__
 
-__all__ = ["__version__", "build_info", "custom_generate", "generate", "ops", "reference"]
+__all__ = ["LookupCache", "__version__", "build_info", "custom_generate", "generate", "ops", "reference"]
 
 
 def __getattr__(name):
@@ -17,6 +17,9 @@ def __getattr__(name):
     if name == "generate":
         from .decoding import generate
         return generate
+    if name == "LookupCache":  # strategy "lookup"'s store of earlier outputs, kept across calls
+        from .decoding import LookupCache
+        return LookupCache
     if name == "custom_generate":  # HF's model.generate(custom_generate=...) hook (hf_generate/)
         from .hf_generate import custom_generate
         return custom_generate

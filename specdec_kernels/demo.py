@@ -35,9 +35,13 @@ PROMPTS = (
     "import os\n\n\ndef list_files(path):\n    ",
     "class Stack:\n    def __init__(self):\n        ",
 )
-STRATEGIES = ("plain", "speculative", "specdec", "bild", "ppd")
+STRATEGIES = ("plain", "speculative", "specdec", "bild", "ppd")  # the selftest's engine check runs these
+DRAFTLESS = ("lookup",)  # strategies that need no model besides the target (demo rows and CLI choices too)
 TREE = "speculative tree"  # speculative's draft proposing a token tree (tree_topk, tree_nodes) instead of a chain
 TREE_OPTIONS = dict(tree_topk=3, tree_nodes=12)
+LOOKUP_TREE = "lookup tree"  # lookup's token tree of every earlier continuation instead of one chain
+LOOKUP_TREE_OPTIONS = dict(tree_nodes=16)
+ROW_STRATEGY = {TREE: "speculative", LOOKUP_TREE: "lookup"}  # a demo row's label -> the strategy it runs
 GREEDY = "greedy"  # the baseline users know: the target's own HF generate loop
 LABELS = {GREEDY: "greedy (HF generate)", "plain": "plain (our engine, no draft)"}
 SAMPLE_CHARS = 120
@@ -83,6 +87,8 @@ class Pair:
     def __post_init__(self):
         if "speculative" in self.options:  # the chain's row and the tree's row share the draft and depth
             self.options[TREE] = dict(self.options["speculative"], **TREE_OPTIONS)
+        self.options.setdefault("lookup", {})  # drafts from the prompt and the text so far: no second model
+        self.options[LOOKUP_TREE] = dict(self.options["lookup"], **LOOKUP_TREE_OPTIONS)
 
 
 def load_pair(args, device: torch.device, dtype: torch.dtype, *, draft_required: bool = True,
@@ -211,13 +217,14 @@ def decoders(pair: Pair, max_new_tokens: int, pad: int) -> dict:
     def strategy(name):
         def run(batch):
             out = specdec_kernels.generate(pair.target, batch["input_ids"], attention_mask=batch["attention_mask"],
-                                           strategy="speculative" if name == TREE else name, **common,
+                                           strategy=ROW_STRATEGY.get(name, name), **common,
                                            **pair.options[name])
             return out.sequences[:, batch["input_ids"].shape[1]:], out.stats
         return run
 
     table = {GREEDY: greedy}
-    order = [n for name in STRATEGIES for n in ((name, TREE) if name == "speculative" else (name,))]  # tree after chain
+    trees = {"speculative": TREE, "lookup": LOOKUP_TREE}  # each tree row after its chain's
+    order = [n for name in STRATEGIES + DRAFTLESS for n in ((name, trees[name]) if name in trees else (name,))]
     table.update({name: strategy(name) for name in order if name in pair.options})
     return table
 
@@ -339,7 +346,8 @@ def run(args) -> int:
     print(format_table(rows))
     print(f"\n{LABELS[GREEDY]} is the baseline: the target's own `generate(do_sample=False)`; 'plain' is our "
           "engine with no draft (one target forward per token, the loop the strategies speed up). Lossless "
-          "settings: speculative g=4 (tree: K=3, N=12), specdec top_beta=1, bild rollback_rule='exact', ppd k=3. Times are "
+          "settings: speculative g=4 (tree: K=3, N=12), specdec top_beta=1, bild rollback_rule='exact', ppd k=3, "
+          "lookup 10 tokens from 3-grams (tree: N=16). Times are "
           "synchronised; the first call (warm-up, incl. CUDA-graph capture) is not in tokens/s. tokens/s and "
           f"speed-up are medians over {args.repeats} interleaved passes (speed-up: min-max in brackets); spread = "
           "(max - min) / median of tokens/s.")

@@ -2,7 +2,7 @@
 
 With no model arguments it uses the embedded default models (specdec_kernels.defaults); `--models PATH`
 takes another set in that layout; `--target PATH` a local HF causal LM, with `--draft PATH` for
-speculative and bild and `--specdec-drafter PATH` for specdec (plain and ppd with head "N" need neither).
+speculative and bild and `--specdec-drafter PATH` for specdec (plain, lookup and ppd with head "N" need neither).
 Each strategy starts from its lossless settings (speculative g=4, specdec top_beta=1, bild
 rollback_rule="exact", ppd k=3); `--option NAME=VALUE` (repeatable) overrides any keyword of the
 strategy, e.g. `--option num_draft_tokens=6` or `--option rollback_rule='"nll"'` (values are Python
@@ -28,7 +28,7 @@ import torch
 
 from .cli_machine import add_machine_arguments, pick_device, set_threads
 from .cli_progress import Progress
-from .demo import STRATEGIES, batches, describe, load_pair, timed
+from .demo import DRAFTLESS, STRATEGIES, batches, describe, load_pair, timed
 
 SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed")
 
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     models.add_argument("--target", metavar="PATH", help="a local HF causal LM")
     models.add_argument("--draft", metavar="PATH", help="a smaller local HF causal LM sharing the target's tokenizer")
     models.add_argument("--specdec-drafter", metavar="PATH", help="a SpecDecDrafter trained for --target")
-    parser.add_argument("--strategy", choices=STRATEGIES, default="speculative")
+    parser.add_argument("--strategy", choices=STRATEGIES + DRAFTLESS, default="speculative")
     parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                         help="a keyword of the strategy (repeatable), VALUE a Python literal")
     parser.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeatable; default: stdin)")

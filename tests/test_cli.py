@@ -20,7 +20,7 @@ from specdec_kernels import cli
 from specdec_kernels.cli_progress import Progress
 from test_demo import user_checkpoint
 
-STRATEGIES = ("plain", "speculative", "specdec", "bild", "ppd")
+STRATEGIES = ("plain", "speculative", "specdec", "bild", "ppd", "lookup")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from specdec_kernels import cli
 from specdec_kernels import demo as demo_module
 from specdec_kernels.defaults import default_models_available
 
-STRATEGIES = ("speculative", "speculative tree", "specdec", "bild", "ppd")  # the tree row follows the chain
+STRATEGIES = ("speculative", "speculative tree", "specdec", "bild", "ppd", "lookup", "lookup tree")  # trees follow chains
 PLAIN = "plain (our engine, no draft)"  # the demo's label of strategy "plain"
 TABLE_HEADER = "| strategy | tokens/s | speedup vs greedy | mean accepted tokens per target forward | acceptance rate"
 
@@ -95,14 +95,15 @@ def test_demo_on_user_target_and_draft_with_mixed_prompts_in_a_batch(tiny_set, t
     for name in STRATEGIES:
         assert f"== {name}  identical to greedy: yes" in done.stdout
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 7 and all(row["tokens"] == 4 * 3 for row in rows)  # 2 prompts cycled to 3 rows, left-padded
+    assert len(rows) == 9 and all(row["tokens"] == 4 * 3 for row in rows)  # 2 prompts cycled to 3 rows, left-padded
 
 
 def test_user_pair_without_drafter_skips_specdec_and_uses_head_n(tiny_set, tmp_path):
     args = argparse.Namespace(models=None, target=str(user_checkpoint(tiny_set, tmp_path)),
                               draft=str(tiny_set / "draft"), specdec_drafter=None)
     pair = demo_module.load_pair(args, torch.device("cpu"), torch.float32)
-    assert set(pair.options) == {"plain", "speculative", "speculative tree", "bild", "ppd"} and pair.options["ppd"]["head"] == "N"
+    assert set(pair.options) == {"plain", "speculative", "speculative tree", "bild", "ppd", "lookup", "lookup tree"}
+    assert pair.options["ppd"]["head"] == "N"
     assert "--specdec-drafter" in pair.skipped["specdec"]
 
 

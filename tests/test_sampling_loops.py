@@ -3,9 +3,13 @@
 One prompt repeated over 24,000 rows of sampling_support.loop_pair (vocabulary 10, low acceptance), two
 new tokens each, and Pearson's chi-square of their joint against the exact law: the target's for the
 lossless paths (plain, token-wise and block chains, trees with top and sampled siblings, HF's
-custom_generate), the procedure's own for BiLD (lossy, but a fixed law per context). With g >= 2 the
-second token often comes from a second step, so a step that reuses randomness an earlier step examined
-shows here.
+custom_generate, lookup's chains and trees), the procedure's own for BiLD (lossy, but a fixed law per
+context). Lookup drafts from the text, so its paths start from LOOKUP_PROMPT, whose last token occurred
+twice before with different successors: the first step drafts the first continuation (a chain, as HF's
+prompt lookup) or both (a tree of two siblings, each rejected one removed from the residual), the later ones
+whatever the new tokens repeat (the random 10-token vocabulary makes that frequent); g + 1 new tokens, so the
+budget leaves room for g drafts in the first step, and the first two are tested. With g >= 2 the second token
+often comes from a second step, so a step that reuses randomness an earlier step examined shows here.
 
 Each path also runs under the mutations that bring such reuse back, and must fail there:
   * "position": the draw cursor follows the sequence position (committed tokens + 1), as before the
@@ -31,7 +35,8 @@ from specdec_kernels.decoding.engine import Engine
 from specdec_kernels.decoding.standardize import draw
 
 from hf_support import one_thread
-from sampling_support import LOOP_PROMPT, chained_joint, joint_pvalue, loop_ids, loop_joint, loop_pair, loop_pvalue
+from sampling_support import (LOOP_PROMPT, LOOP_ROWS, chained_joint, exact_joint, joint_pvalue, loop_ids, loop_joint,
+                              loop_pair, loop_pvalue)
 
 SEED = 1234
 CHAINS = [(1, 1.0), (2, 1.0), (4, 1.0), (2, 0.6), (4, 0.6)]  # (g, T)
@@ -40,6 +45,7 @@ TREE_NODES = {2: 4, 4: 8}  # tree_topk=2: 4 of the 6 candidates at depth 2, 8 of
 # BiLD: the small model hands over below max q 0.5 and the large one rolls back past -log p 1.5:
 # on this pair both happen on a good share of rounds (the test asserts it)
 FALLBACK, ROLLBACK = 0.5, 1.5
+LOOKUP_PROMPT = [3, 5, 3, 8, 3]  # 3 was followed by 5, then by 8: a chain of the first, a tree of both
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +69,8 @@ def generate(pair, path: str, g: int, temperature: float):
     target, draft = pair
     ids = loop_ids()
     common = dict(max_new_tokens=2, do_sample=True, temperature=temperature, seed=SEED, eos_token_id=[])
+    if path.startswith("lookup"):  # room for g drafts in the first step
+        ids, common["max_new_tokens"] = torch.tensor([LOOKUP_PROMPT]).repeat(LOOP_ROWS, 1), g + 1
     with one_thread():
         if path == "custom_generate":  # HF's model.generate: block verification, the default
             return target.generate(ids, attention_mask=torch.ones_like(ids), custom_generate=custom_generate,
@@ -80,6 +88,10 @@ def path_options(path: str, draft, g: int) -> dict:
     chain = dict(strategy="speculative", draft_model=draft, num_draft_tokens=g)
     if path in ("token", "block"):
         return dict(chain, verification=path)
+    if path == "lookup":
+        return dict(strategy="lookup", num_draft_tokens=g)
+    if path == "lookup_tree":
+        return dict(strategy="lookup", num_draft_tokens=g, tree_nodes=TREE_NODES[g])
     return dict(chain, tree_topk=2, tree_nodes=TREE_NODES[g], tree_siblings=path.removeprefix("tree_"))
 
 
@@ -104,11 +116,15 @@ def bild_joint(pair, temperature: float) -> torch.Tensor:
 
 
 def law(pair, path: str, temperature: float) -> torch.Tensor:
+    if path.startswith("lookup"):
+        return exact_joint(pair[0], lambda logits: (logits.float() / temperature).softmax(-1), LOOKUP_PROMPT)
     return bild_joint(pair, temperature) if path == "bild" else loop_joint(pair[0], temperature)
 
 
 def pvalue(pair, path, g, temperature):
     out = generate(pair, path, g, temperature)
+    if path.startswith("lookup"):
+        return joint_pvalue(out.sequences, law(pair, path, temperature), len(LOOKUP_PROMPT)), out
     return loop_pvalue(out.sequences, law(pair, path, temperature)), out
 
 
@@ -121,7 +137,7 @@ def test_chains_follow_the_target(pair, verification, g, temperature):
 
 
 @pytest.mark.parametrize("g, temperature", LOOPS)
-@pytest.mark.parametrize("path", ["tree_top", "tree_sampled", "bild", "custom_generate"])
+@pytest.mark.parametrize("path", ["tree_top", "tree_sampled", "bild", "custom_generate", "lookup", "lookup_tree"])
 def test_other_paths_follow_their_law(pair, path, g, temperature):
     p, out = pvalue(pair, path, g, temperature)
     if path == "bild":  # both hand-overs and rollbacks ran
@@ -140,6 +156,7 @@ def test_plain_sampling_follows_the_target(pair, temperature):
     ("position", "block", 2, 1.0), ("position", "block", 4, 0.6), ("position", "custom_generate", 2, 1.0),
     ("frozen", "plain", 0, 1.0), ("frozen", "token", 2, 1.0), ("frozen", "block", 2, 1.0),
     ("frozen", "tree_top", 2, 1.0), ("frozen", "tree_sampled", 2, 1.0), ("frozen", "bild", 2, 1.0),
+    ("frozen", "lookup", 2, 1.0), ("frozen", "lookup_tree", 2, 1.0),
 ])
 def test_reused_draws_fail_the_same_test(pair, monkeypatch, mutation, path, g, temperature):
     monkeypatch.setattr(Engine, "advance_cursor", MUTATIONS[mutation])

@@ -12,12 +12,13 @@ from .standardize import Sampling
 
 def _strategies() -> dict:
     from .bild import BildDecoder
+    from .lookup import LookupDecoder
     from .plain import PlainDecoder
     from .ppd import PPDDecoder
     from .specdec import SpecDecDecoder
     from .speculative import SpeculativeDecoder
     return {"speculative": SpeculativeDecoder, "bild": BildDecoder, "specdec": SpecDecDecoder, "ppd": PPDDecoder,
-            "plain": PlainDecoder}
+            "lookup": LookupDecoder, "plain": PlainDecoder}
 
 
 def accepted_options(name: str) -> list[str]:

@@ -59,6 +59,11 @@ class Strategy(abc.ABC):
     def start(self, engine: "Engine") -> None:
         """Prepare the draft side for engine's batch (adapters, caches, prefill)."""
 
+    def plan(self, engine: "Engine", first: bool) -> None:
+        """Host-side, before each step and outside any captured graph (num_draft_tokens() is read
+        after it): a strategy whose step width depends on the data may read the device here (lookup,
+        eager only: the longest draft of the batch)."""
+
     @abc.abstractmethod
     def num_draft_tokens(self) -> int:
         """Draft length g of the next step (static within a step)."""
@@ -91,6 +96,9 @@ class Strategy(abc.ABC):
 
     def select_rows(self, index: Tensor) -> None:
         """Drop finished rows from the strategy's per-row state."""
+
+    def finish(self, engine: "Engine") -> None:
+        """After the last step, every row's tokens in engine.final (lookup: feed its LookupCache)."""
 
     def caches(self) -> tuple:
         """The strategy's own SpecCaches (the draft model's)."""
@@ -485,6 +493,7 @@ class Engine:
             done = self.after_step(self.flags)
         while not done:
             before = self.num_generated.clone() if self.on_step is not None else None
+            self.strategy.plan(self, first)
             g = self.strategy.num_draft_tokens()
             key = (self.root.shape[0], g)
             if self.graphs.enabled:
@@ -504,6 +513,7 @@ class Engine:
                 self.observe_step(before)
             done = self.after_step(flags)
         self.store_rows(torch.ones_like(self.finished))
+        self.strategy.finish(self)
         return self.output(stats, timer)
 
     def after_step(self, flags: Tensor) -> bool:

@@ -44,14 +44,19 @@ class PlainDecoder(Strategy):
         engine.cache.commit(1)
 
     def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
-        # the verification ops with zero drafts are exactly argmax / a draw from the target's row
-        if not engine.sampling.do_sample:
-            if engine.backend == "auto":  # greedy_verify of no drafts, without the op's cost per token
-                inf = float("inf")  # NaN never wins (as in greedy_verify); infinities stay as they are
-                token = torch.argmax(torch.nan_to_num(logits[:, -1].float(), nan=-inf, posinf=inf, neginf=-inf), dim=-1)
-                return token.unsqueeze(1), torch.zeros_like(token)
-            return ops.greedy_verify(logits, proposal.tokens, backend=engine.backend)
-        target_probs = standardize(logits, engine.sampling)
-        no_drafts = target_probs.new_zeros(target_probs.shape[0], 0, target_probs.shape[-1])
-        return ops.rejection_sample(target_probs, no_drafts, proposal.tokens, seed=engine.seeds,
-                                    offsets=engine.cursor, backend=engine.backend)
+        return accept_plain(engine, proposal, logits)
+
+
+def accept_plain(engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
+    """A step without drafts (also lookup's steps where no row matched): argmax, or a draw from the target's row."""
+    # the verification ops with zero drafts are exactly argmax / a draw from the target's row
+    if not engine.sampling.do_sample:
+        if engine.backend == "auto":  # greedy_verify of no drafts, without the op's cost per token
+            inf = float("inf")  # NaN never wins (as in greedy_verify); infinities stay as they are
+            token = torch.argmax(torch.nan_to_num(logits[:, -1].float(), nan=-inf, posinf=inf, neginf=-inf), dim=-1)
+            return token.unsqueeze(1), torch.zeros_like(token)
+        return ops.greedy_verify(logits, proposal.tokens, backend=engine.backend)
+    target_probs = standardize(logits, engine.sampling)
+    no_drafts = target_probs.new_zeros(target_probs.shape[0], 0, target_probs.shape[-1])
+    return ops.rejection_sample(target_probs, no_drafts, proposal.tokens, seed=engine.seeds,
+                                offsets=engine.cursor, backend=engine.backend)

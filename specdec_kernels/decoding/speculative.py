@@ -204,4 +204,7 @@ class SpeculativeDecoder(TwoModelStrategy):
         self.draft.compact(engine, keep, num_accepted == 0)
 
     def report(self, engine: Engine) -> dict:
-        return {} if self.tree.chain else {"tree_topk": self.tree.topk, "tree_nodes": self.tree.nodes}
+        if not self.tree.chain:
+            return {"tree_topk": self.tree.topk, "tree_nodes": self.tree.nodes}
+        # the heuristic schedule's last length (custom_generate writes it back to HF's assistant, as HF does)
+        return {"num_draft_tokens_final": self.g} if self.schedule == "heuristic" else {}

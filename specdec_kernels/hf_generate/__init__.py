@@ -10,10 +10,12 @@ where `extra` holds the generate() keywords that this function's signature names
 signature names it. This module only translates those into `specdec_kernels.generate`'s arguments
 (../shared/ARCHITECTURE.md: it sits above decoding/), and refuses, with a one-line error, whatever
 HF would apply that the engine does not: it never ignores a processor or a criterion silently.
+HF's assisted-generation settings (prompt_lookup_num_tokens, num_assistant_tokens and its schedule, ...)
+are mapped or refused by assisted.py; settings.py classifies every HF generation setting.
 
 For a callable, HF keeps only those named extras: `assistant_model` and `streamer`, which are explicit
 parameters of generate(), never reach it. They are read from the calling generate() frame (its public
-parameters, by name); `draft_model=` passes the draft without that.
+parameters, by name, and the keywords the user passed); `draft_model=` passes the draft without that.
 """
 
 import inspect
@@ -24,17 +26,17 @@ import torch
 
 from ..decoding import api
 from ..decoding.api import accepted_options
+from . import settings
+from .assisted import Assisted
 
 OP = "custom_generate"
-STRATEGIES = ("speculative", "bild", "specdec", "ppd", "plain")
+STRATEGIES = ("speculative", "bild", "specdec", "ppd", "lookup", "plain")
 # every strategy's options, plus the engine's own: HF passes a keyword through only if the signature names it
 OPTIONS = tuple(dict.fromkeys(o for s in STRATEGIES for o in accepted_options(s)))
 ENGINE_KEYWORDS = ("strategy", "seed", "backend", "cuda_graphs")
 # model kwargs HF prepares itself (or we read): anything else non-None is refused
 HF_MODEL_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep", "cache", "past_key_values",
                    "encoder_outputs", "cache_position"}
-REFUSED_CONFIG = {"num_beams": 1, "num_return_sequences": 1, "output_scores": False, "output_logits": False,
-                  "output_attentions": False, "output_hidden_states": False}
 
 
 def fail(message: str, kind=ValueError):
@@ -42,7 +44,8 @@ def fail(message: str, kind=ValueError):
 
 
 def _calling_generate():
-    """The locals of the HF generate() that called custom_generate (None if not found)."""
+    """What custom_generate reads from the HF generate() that called it: its assistant_model, streamer and
+    **kwargs (the keywords the user passed that are not generate()'s own parameters); None if not found."""
     frame = sys._getframe(2)
     try:
         for _ in range(4):
@@ -51,7 +54,8 @@ def _calling_generate():
             local = frame.f_locals
             if (frame.f_code.co_name == "generate" and "custom_generate" in local and "assistant_model" in local
                     and "streamer" in local):
-                return {"assistant_model": local["assistant_model"], "streamer": local["streamer"]}
+                return {"assistant_model": local["assistant_model"], "streamer": local["streamer"],
+                        "kwargs": dict(local.get("kwargs") or {})}
             frame = frame.f_back
         return None
     finally:
@@ -201,7 +205,8 @@ def _force_eos(sequences: torch.Tensor, width: int, observer: _StepObserver) -> 
 def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
                     synced_gpus=False, streamer=None, **model_kwargs):
     """HF's custom_generate contract (transformers 5.x); see the module docstring. Keywords of the
-    signature beyond HF's: strategy (default "speculative" with a draft, else "plain"), draft_model,
+    signature beyond HF's: strategy (default "speculative" with a draft, "lookup" with HF's
+    prompt_lookup_num_tokens, else "plain"), draft_model,
     seed, backend, cuda_graphs, inputs_tensor, and every strategy option of specdec_kernels.generate."""
     ours = {name: model_kwargs.pop(name) for name in (*OPTIONS, *ENGINE_KEYWORDS) if name in model_kwargs}
     inputs_tensor = model_kwargs.pop("inputs_tensor", None)
@@ -227,10 +232,7 @@ def _generate(model, input_ids, logits_processor, stopping_criteria, generation_
     if synced_gpus:
         fail("synced_gpus is not supported")
     config = generation_config if generation_config is not None else model.generation_config
-    for name, default in REFUSED_CONFIG.items():
-        value = getattr(config, name, None)
-        if value is not None and value != default:
-            fail(f"{name}={value} is not supported (only {default})")
+    settings.refuse(config, fail)
     extra = sorted(k for k, v in model_kwargs.items() if v is not None and k not in HF_MODEL_KWARGS)
     if extra:
         fail(f"model kwargs {', '.join(extra)} are not supported")
@@ -243,13 +245,15 @@ def _generate(model, input_ids, logits_processor, stopping_criteria, generation_
     if assistant is not None and draft is not None and assistant is not draft:
         fail("pass the draft once: assistant_model= or draft_model=")
     draft = draft if draft is not None else assistant
-    strategy = ours.pop("strategy", None) or ("speculative" if draft is not None else "plain")
-    if not isinstance(strategy, str):
+    strategy = ours.pop("strategy", None)
+    if strategy is not None and not isinstance(strategy, str):
         fail("strategy= names a strategy here (" + ", ".join(STRATEGIES) + ")", TypeError)
-    if strategy not in STRATEGIES:
+    if strategy is not None and strategy not in STRATEGIES:
         fail(f"unknown strategy {strategy!r}; available: {', '.join(STRATEGIES)}")
     engine = {k: ours.pop(k) for k in ("seed", "backend", "cuda_graphs") if k in ours}
     options = dict(ours)
+    assisted = Assisted(model, config, caller.get("kwargs", {}), draft, strategy, options, fail)
+    strategy = assisted.strategy  # HF's assisted-generation settings mapped (assisted.py)
     if draft is not None:
         if "draft_model" not in accepted_options(strategy):
             fail(f"strategy {strategy!r} takes no draft model (assistant_model / draft_model); its options: "
@@ -264,6 +268,9 @@ def _generate(model, input_ids, logits_processor, stopping_criteria, generation_
     prompts = inputs_tensor if encoder_decoder else input_ids
     if encoder_decoder and (prompts is None or input_ids.shape[1] != 1):
         fail("encoder-decoder models need encoder input_ids and no decoder_input_ids")
+    start = getattr(model.config, "decoder_start_token_id", None)
+    if encoder_decoder and start is not None and bool((input_ids != start).any()):
+        fail(f"decoder_start_token_id must be the model's config.decoder_start_token_id ({start})")
     mask = model_kwargs.get("attention_mask")  # HF drops an all-ones mask (no padding)
     sampling = _sampling(logits_processor, getattr(config, "do_sample", False))
     max_new_tokens, eos, per_token = _stopping(stopping_criteria, input_ids.shape[1])
@@ -274,6 +281,7 @@ def _generate(model, input_ids, logits_processor, stopping_criteria, generation_
                           eos_token_id=eos, pad_token_id=getattr(config, "pad_token_id", None), on_step=observer,
                           min_new_tokens=_min_new_tokens(logits_processor, input_ids.shape[1], eos),
                           **sampling, **engine, **options)
+    assisted.write_back(result.stats)
     sequences = result.sequences
     if forced is not None:
         sequences = _force_eos(sequences, input_ids.shape[1], observer)

@@ -1,0 +1,109 @@
+"""HF's assisted-generation settings as `custom_generate`'s strategy and options, or a one-line refusal.
+
+HF reads them from two places: the generation config of the call (generate's keywords on top of the target's
+generation_config) and the assistant's own generation_config (transformers 5.x drafts with the assistant's
+num_assistant_tokens and schedule and ignores the call's). The hook reads both; a setting given in both with
+different values is refused. HF fills its defaults (num_assistant_tokens 20, schedule "constant",
+assistant_confidence_threshold 0.4, look-behinds 10) into the call's config before the hook sees it, so a
+value of the call's config counts as asked for when generate() was passed it, when the target's own
+generation_config sets it, or when it differs from HF's default; the assistant's counts when it is set.
+
+    prompt_lookup_num_tokens=k        strategy "lookup", num_draft_tokens=k (the first match, as HF)
+    max_matching_ngram_size=n         lookup max_ngram=n (2 with prompt lookup when unset, as HF)
+    num_assistant_tokens=n            speculative num_draft_tokens, bild max_small_run, specdec block_size
+    num_assistant_tokens_schedule     "constant": nothing; "heuristic" / "heuristic_transient": speculative
+                                      schedule="heuristic" (+2 when every unfinished row accepted all drafts,
+                                      else -1, up to max_draft_tokens: our static shapes need a ceiling, HF has
+                                      none); "heuristic" also writes the final length back to the assistant's
+                                      generation_config.num_assistant_tokens, as HF does, so it persists
+    everything else (confidence threshold, look-behinds, early exit, ensemble weight): refused
+"""
+
+HF_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
+               "assistant_confidence_threshold": 0.4, "assistant_lookbehind": 10, "target_lookbehind": 10}
+DRAFT_LENGTH = {"speculative": "num_draft_tokens", "bild": "max_small_run", "specdec": "block_size"}
+SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+REFUSED = {"assistant_confidence_threshold": "HF's confidence stop for the assistant (re-fitted online) is not "
+                                             "supported: use schedule='heuristic', or strategy 'bild' "
+                                             "(fallback_threshold, lossy)",
+           "assistant_lookbehind": "assistants with another tokenizer are not supported",
+           "target_lookbehind": "assistants with another tokenizer are not supported"}
+
+
+def _defaults() -> dict:
+    from transformers import GenerationConfig
+
+    read = getattr(GenerationConfig, "_get_default_generation_params", None)
+    return {**HF_DEFAULTS, **{k: v for k, v in (read() if read else {}).items() if k in HF_DEFAULTS}}
+
+
+def asked(name: str, config, model, passed: dict):
+    """The call's value of HF setting `name` if the user asked for it (see the module doc), else None."""
+    value = getattr(config, name, None)
+    if value is None:
+        return None
+    if name in passed or getattr(getattr(model, "generation_config", None), name, None) is not None:
+        return value
+    return None if value == _defaults().get(name, object()) else value
+
+
+class Assisted:
+    """The translation of one call: `strategy` and `options` after it, and `write_back(stats)` to run after it."""
+
+    def __init__(self, model, config, passed: dict, draft, strategy: str | None, options: dict, fail):
+        self.fail, self.options, self.draft = fail, options, draft
+        self.persist = False
+        side = getattr(draft, "generation_config", None) if draft is not None else None
+
+        def read(name):
+            ours, theirs = asked(name, config, model, passed), getattr(side, name, None)
+            if ours is not None and theirs is not None and ours != theirs:
+                fail(f"{name} is {ours!r} for this call and {theirs!r} in the assistant's generation_config: set one")
+            return ours if ours is not None else theirs
+
+        for name, why in REFUSED.items():
+            value = read(name)
+            if value is not None:
+                fail(f"{name}={value!r}: {why}")
+        lookup = asked("prompt_lookup_num_tokens", config, model, passed)
+        ngram = asked("max_matching_ngram_size", config, model, passed)
+        if lookup is not None:
+            if draft is not None:
+                fail("prompt_lookup_num_tokens drafts from the text, without a model: drop assistant_model / "
+                     "draft_model")
+            if strategy not in (None, "lookup"):
+                fail(f"prompt_lookup_num_tokens runs strategy 'lookup', not {strategy!r}")
+            strategy = "lookup"
+            self.set("num_draft_tokens", lookup, "prompt_lookup_num_tokens")
+            self.set("max_ngram", ngram if ngram is not None else 2, "max_matching_ngram_size")
+        elif ngram is not None:
+            if strategy != "lookup":
+                fail("max_matching_ngram_size applies to prompt lookup: pass prompt_lookup_num_tokens (or "
+                     "strategy='lookup')")
+            self.set("max_ngram", ngram, "max_matching_ngram_size")
+        self.strategy = strategy or ("speculative" if draft is not None else "plain")
+        length, schedule = read("num_assistant_tokens"), read("num_assistant_tokens_schedule")
+        if length is not None:
+            option = DRAFT_LENGTH.get(self.strategy)
+            if option is None:
+                fail(f"num_assistant_tokens={length} has no counterpart in strategy {self.strategy!r} (it sets "
+                     "the draft length of speculative, bild and specdec)")
+            self.set(option, length, "num_assistant_tokens")
+        if schedule is not None and schedule not in SCHEDULES:
+            fail(f"num_assistant_tokens_schedule must be one of {', '.join(map(repr, SCHEDULES))} (got {schedule!r})")
+        if schedule not in (None, "constant"):
+            if self.strategy != "speculative":
+                fail(f"num_assistant_tokens_schedule={schedule!r} applies to strategy 'speculative' "
+                     f"(not {self.strategy!r})")
+            self.set("schedule", "heuristic", "num_assistant_tokens_schedule")
+            self.persist = schedule == "heuristic" and draft is not None
+
+    def set(self, option: str, value, setting: str) -> None:
+        if option in self.options and self.options[option] != value:
+            self.fail(f"{setting}={value!r} and {option}={self.options[option]!r} disagree: pass one")
+        self.options[option] = value
+
+    def write_back(self, stats) -> None:
+        """HF's "heuristic" schedule keeps the length it reached on the assistant for the next call."""
+        if self.persist and "num_draft_tokens_final" in stats.extra:
+            self.draft.generation_config.num_assistant_tokens = stats.extra["num_draft_tokens_final"]
