@@ -1,19 +1,20 @@
 """Microbenchmark of tree_attention: our kernels against PyTorch SDPA and FlexAttention.
 
-Grid: B x prefix P x draft nodes N (full: {1, 8, 32} x {512, 4096, 32768} x {8, 32, 64}),
-Hq 32 / Hkv 8, D 128, bf16; prefixes uniform (every row P) or ragged (row b uniform in
-[P/2, P], fixed seed); a causal chain or a random tree per row (parent of node i uniform
-in [0, i), a different tree per row); contiguous KV [B, Hkv, S, D] or a paged pool (page
-size 16, pages in random order). Implementations:
+Default grid (the first numbers the targets ask for): B {8, 32} x prefix P 4096 x draft nodes N {8, 32},
+uniform prefixes, a causal chain and a random tree, contiguous KV and a paged pool; Hq 32 / Hkv 8, D 128,
+bf16. --full: B {1, 8, 32} x P {512, 4096, 32768} x N {8, 32, 64}, uniform and ragged prefixes (row b
+uniform in [P/2, P], fixed seed). Trees: parent of node i uniform in [0, i), a different tree per row;
+paged pools have pages of 16 in random order. Implementations:
 - ours: every backend of `ops.tree_attention` that runs here except the torch reference
   (which is the correctness gate; it is timed only on the CPU);
-- `sdpa`: F.scaled_dot_product_attention with a dense boolean mask [B, 1, N, max P + N]
-  and enable_gqa (the default dispatch; the mask is built outside the timed call);
-- `flex`: torch.compile(flex_attention) with create_block_mask (prefix | ancestor
-  lookup), built outside the timed call, dynamo recompile limit raised; a compile or
-  lowering failure is a result row (`error`), not a skipped case; `compile_s` is its
-  block mask + compile + first call.
-SDPA and Flex take no page table: they run on the contiguous cases only.
+- `sdpa` and `flex` (bench/_attention_anchors.py): SDPA with a dense boolean mask and enable_gqa; compiled
+  flex_attention with a block mask (one compile per shape, none per case); a compile or lowering failure
+  is a result row (`error`), not a skipped case. SDPA and Flex take no page table: contiguous cases only.
+
+Order: ours and SDPA case by case; then Flex, every shape compiled first (`compile_s`, on each of its
+rows) and only then timed, so no compile runs between timings and a run cut short loses Flex rows first.
+Every row goes to OUT/tree_attention.jsonl (and stdout) the moment it is measured; the .json/.md report is
+written at the end, and also when the run is interrupted (Ctrl-C, or the SIGTERM of `timeout`).
 
 Every implementation is first checked against the torch reference (max abs error of out
 <= 8e-3 for 16-bit inputs, 1e-4 for fp32; ours also lse); a failing one is not timed.
@@ -26,7 +27,14 @@ bench/_bound.py), and percent of the dense 16-bit tensor-core peak for
 4 * Hq * D * sum_b N (P_b + N) flops. The markdown ends with the issue's targets at B >= 8,
 P >= 4096, N <= 32 (the bandwidth one in GB/s: 70% of the GPU's nominal HBM bandwidth).
 
-    python bench/bench_tree_attention.py --out bench/results                 # GPU: the whole grid (long)
+Time of the default grid on an H100 (an estimate: it has not run on a GPU yet): 48 rows (8 contiguous cases
+x 4 implementations, 8 paged x 2) at ~0.15 s each (do_bench: 10 ms warm-up + 50 ms of replays, graph
+capture, the reference) ~7 s; 4 Flex compiles (one per B x N; chain and tree share them) at ~5 s plus ~8 s
+for the first ~28 s; Triton's compiles of the kernel variants ~8 s; setup (imports, copy bandwidth) ~6 s:
+~50 s, under the 60 s it is meant to take.
+
+    python bench/bench_tree_attention.py --out bench/results                 # GPU: the default grid (~50 s)
+    python bench/bench_tree_attention.py --full --out bench/results          # GPU: the whole grid (long)
     python bench/bench_tree_attention.py --batch 8 --prefix 4096 --out /tmp/b # a slice
     python bench/bench_tree_attention.py --impls triton sdpa --layouts contiguous --trees tree --out /tmp/b
     python bench/bench_tree_attention.py --smoke --out /tmp/b                 # tiny shapes on the CPU (CI)
@@ -43,27 +51,29 @@ if __name__ == "__main__" and not torch.cuda.is_available():
     # before triton (imported by specdec_kernels) is
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import functools  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import signal  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import torch.nn.functional as F  # noqa: E402
-
 import bench_verify as bv  # noqa: E402  (copy bandwidth, CUDA-graph capture, CPU timing)
+from _attention_anchors import flex_call, sdpa_call, warm_up  # noqa: E402  (bta.sdpa_call / flex_call: the suite)
 from _bound import pct_of_bound  # noqa: E402  (bench/ is on sys.path: script dir or pytest rootdir)
 from _report import base_parser, write_report  # noqa: E402
-from specdec_kernels import ops, reference  # noqa: E402
+from specdec_kernels import ops  # noqa: E402
 from specdec_kernels.reference.attention import paged_from_contiguous  # noqa: E402
 
-FULL = {"B": (1, 8, 32), "P": (512, 4096, 32768), "N": (8, 32, 64), "heads": (32, 8), "D": 128}
-SMOKE = {"B": (2,), "P": (40,), "N": (5,), "heads": (4, 2), "D": 16}
+DEFAULT = {"B": (8, 32), "P": (4096,), "N": (8, 32), "heads": (32, 8), "D": 128, "prefix": ("uniform",)}
+FULL = {"B": (1, 8, 32), "P": (512, 4096, 32768), "N": (8, 32, 64), "heads": (32, 8), "D": 128,
+        "prefix": ("uniform", "ragged")}
+SMOKE = {"B": (2,), "P": (40,), "N": (5,), "heads": (4, 2), "D": 16, "prefix": ("uniform", "ragged")}
 PREFIXES = ("uniform", "ragged")
 TREES = ("chain", "tree")
 LAYOUTS = ("contiguous", "paged")
+WARMUP_MS, REP_MS = 10, 50  # do_bench per row: a few hundred replays of a ~50-500 us call
 ANCHORS = ("sdpa", "flex")
 # nominal HBM bandwidth (the target's scale, never a % of bound) and dense 16-bit tensor-core peak by device name
 NOMINAL = {"H100 PCIe": (2.0e12, 756e12), "H100": (3.35e12, 989e12), "H200": (4.8e12, 989e12),
@@ -100,7 +110,7 @@ def make_inputs(case: Case, seed: int = 0) -> dict:
         seq_lens = torch.randint(case.prefix // 2, case.prefix + 1, (case.batch,), generator=gen)
     else:
         seq_lens = torch.full((case.batch,), case.prefix, dtype=torch.int64)
-    s_max = int(seq_lens.max()) + case.nodes
+    s_max = case.prefix + case.nodes  # every case of a shape reads the same KV length (one Flex compile)
     dev, dt = case.device, case.dtype
     q = torch.randn(case.batch, case.nodes, case.hq, case.head_dim, device=dev, dtype=dt)
     k = torch.randn(case.batch, case.hkv, s_max, case.head_dim, device=dev, dtype=dt)
@@ -115,64 +125,6 @@ def make_inputs(case: Case, seed: int = 0) -> dict:
         k, block_table = paged_from_contiguous(k, case.page_size, generator=torch.Generator().manual_seed(seed))
         v, _ = paged_from_contiguous(v, case.page_size, generator=torch.Generator().manual_seed(seed))
     return dict(q=q, k_cache=k, v_cache=v, seq_lens=seq_lens.to(dev), parents=parents, block_table=block_table)
-
-
-def ancestors(inputs: dict) -> torch.Tensor:
-    """bool [B, N, N]: node j is node i itself or one of its ancestors."""
-    q, parents = inputs["q"], inputs["parents"]
-    batch, n = q.shape[:2]
-    if parents is None:
-        return torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device)).expand(batch, n, n)
-    return reference.ancestor_mask(parents)
-
-
-def visibility(inputs: dict) -> torch.Tensor:
-    """bool [B, N, max P + N]: what each node attends to (the SDPA mask)."""
-    seq_lens, q = inputs["seq_lens"], inputs["q"]
-    batch, n = q.shape[:2]
-    length = int(seq_lens.max()) + n
-    rel = torch.arange(length, device=q.device).view(1, 1, length) - seq_lens.view(batch, 1, 1)
-    tail = ancestors(inputs).gather(2, rel.clamp(0, n - 1).expand(batch, n, length))
-    return (rel < 0) | ((rel < n) & tail)
-
-
-def sdpa_call(inputs: dict, scale: float):
-    q, seq_lens = inputs["q"], inputs["seq_lens"]
-    length = int(seq_lens.max()) + q.shape[1]
-    k, v = inputs["k_cache"][:, :, :length], inputs["v_cache"][:, :, :length]
-    mask = visibility(inputs).unsqueeze(1)  # [B, 1, N, L]
-    q_t = q.transpose(1, 2)
-    return lambda: F.scaled_dot_product_attention(q_t, k, v, attn_mask=mask, scale=scale,
-                                                  enable_gqa=True).transpose(1, 2)
-
-
-@functools.cache
-def compiled_flex(device_type: str):
-    from torch.nn.attention.flex_attention import flex_attention
-    for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
-        if hasattr(torch._dynamo.config, knob):  # the default limit silently falls back to eager after 8 shapes
-            setattr(torch._dynamo.config, knob, 100_000)
-    if device_type != "cuda":
-        return flex_attention  # eager (smoke runs on the CPU only check the plumbing)
-    return torch.compile(flex_attention, dynamic=False)
-
-
-def flex_call(inputs: dict, scale: float):
-    from torch.nn.attention.flex_attention import create_block_mask
-    q, seq_lens = inputs["q"], inputs["seq_lens"]
-    batch, n = q.shape[:2]
-    length = int(seq_lens.max()) + n
-    k, v = inputs["k_cache"][:, :, :length], inputs["v_cache"][:, :, :length]
-    tree = ancestors(inputs)
-
-    def mask_mod(b, h, q_idx, kv_idx):  # the prefix, then an N x N ancestor lookup
-        rel = kv_idx - seq_lens[b]
-        return (rel < 0) | ((rel < n) & tree[b, q_idx, rel.clamp(0, n - 1)])
-
-    block_mask = create_block_mask(mask_mod, batch, None, n, length, device=q.device)
-    flex = compiled_flex(q.device.type)
-    q_t = q.transpose(1, 2)
-    return lambda: flex(q_t, k, v, block_mask=block_mask, scale=scale, enable_gqa=True).transpose(1, 2)
 
 
 def ours_call(inputs: dict, backend: str):
@@ -225,7 +177,7 @@ def time_us(fn, device: torch.device, repeats: int) -> tuple[float, str]:
     import triton.testing
     graph = bv.capture_graph(fn)
     target = graph.replay if graph is not None else fn
-    return 1e3 * triton.testing.do_bench(target, warmup=25, rep=100, return_mode="median"), \
+    return 1e3 * triton.testing.do_bench(target, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"), \
         "graph" if graph is not None else "eager"
 
 
@@ -238,7 +190,14 @@ def check(impl: str, got, want, dtype: torch.dtype) -> tuple[bool, float]:
     return ok, float(f"{err:.3g}")
 
 
-def measure(case: Case, impls: list[str], repeats: int, copy_bw: float | None) -> list[dict]:
+def _emit_stdout(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def measure(case: Case, impls: list[str], repeats: int, copy_bw: float | None, *, emit=_emit_stdout,
+            compile_s: float | str | None = None) -> list[dict]:
+    """Rows of every implementation on one case's inputs, each passed to `emit` as soon as it is measured.
+    compile_s: Flex's compile of this shape when warm_up already did it (seconds), or its error."""
     inputs = make_inputs(case)
     scale = 1.0 / math.sqrt(case.head_dim)
     want = ops.tree_attention(**inputs, backend="torch")
@@ -252,13 +211,15 @@ def measure(case: Case, impls: list[str], repeats: int, copy_bw: float | None) -
             continue  # no page tables in SDPA / Flex
         row = {**base, "impl": impl}
         try:
+            if impl == "flex" and isinstance(compile_s, str):
+                raise RuntimeError(compile_s)  # its shape failed to compile in warm_up: not tried again
             started = time.perf_counter()
             fn = {"sdpa": sdpa_call, "flex": flex_call}[impl](inputs, scale) if impl in ANCHORS else ours_call(inputs, impl)
-            got = fn()  # compiles on first use
+            got = fn()  # compiles on first use (Flex: done by warm_up when compile_s is given)
             if case.device.type == "cuda":
                 torch.cuda.synchronize()
             if impl == "flex":
-                row["compile_s"] = round(time.perf_counter() - started, 2)
+                row["compile_s"] = round(time.perf_counter() - started, 2) if compile_s is None else compile_s
             row["ok"], row["max_err"] = check(impl, got, want, case.dtype)
             if row["ok"]:
                 us, row["timing"] = time_us(fn, case.device, repeats)
@@ -270,22 +231,50 @@ def measure(case: Case, impls: list[str], repeats: int, copy_bw: float | None) -
                 if tc_peak and case.dtype != torch.float32:
                     row["pct_tc"] = round(100 * flops(inputs) / seconds / tc_peak, 1)
         except Exception as error:  # noqa: BLE001 - a failing anchor is a result
-            row["ok"], row["error"] = False, f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            row["ok"], row["error"] = False, one_line(error)
         rows.append(row)
-        print(json.dumps(row), flush=True)
+        emit(row)
     del inputs, want
     if case.device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
 
 
-def grid(smoke: bool, dtype: torch.dtype, device: torch.device, *, batches=None, prefixes=None, nodes=None,
-         prefix_kinds=PREFIXES, trees=TREES, layouts=LAYOUTS, page_size: int = 16) -> list[Case]:
-    axes = SMOKE if smoke else FULL
+def one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+
+
+def flex_shape(case: Case) -> tuple:
+    """What a Flex compile is specialised on (make_inputs reads P + N positions whatever the prefix kind)."""
+    return case.batch, case.nodes, case.hq, case.hkv, case.head_dim, case.prefix + case.nodes, case.dtype, case.device
+
+
+def measure_flex(cases: list[Case], repeats: int, copy_bw: float | None, emit=_emit_stdout) -> list[dict]:
+    """Flex's rows: every shape compiled first (one call on a case's inputs), then every case timed."""
+    cases = [c for c in cases if c.layout == "contiguous"]
+    compiled: dict[tuple, float | str] = {}
+    for case in cases:
+        if flex_shape(case) not in compiled:
+            inputs = make_inputs(case)
+            try:
+                compiled[flex_shape(case)] = round(warm_up(inputs, 1.0 / math.sqrt(case.head_dim)), 2)
+            except Exception as error:  # noqa: BLE001 - a failing compile is the row's result
+                compiled[flex_shape(case)] = one_line(error)
+            del inputs
+    rows = []
+    for case in cases:
+        rows += measure(case, ["flex"], repeats, copy_bw, emit=emit, compile_s=compiled[flex_shape(case)])
+    return rows
+
+
+def grid(smoke: bool, dtype: torch.dtype, device: torch.device, *, full: bool = False, batches=None, prefixes=None,
+         nodes=None, prefix_kinds=None, trees=TREES, layouts=LAYOUTS, page_size: int = 16) -> list[Case]:
+    axes = SMOKE if smoke else FULL if full else DEFAULT
     hq, hkv = axes["heads"]
     return [Case(b, p, n, kind, tree, layout, hq, hkv, axes["D"], dtype, device, page_size)
             for b, p, n, kind, tree, layout in itertools.product(
-                batches or axes["B"], prefixes or axes["P"], nodes or axes["N"], prefix_kinds, trees, layouts)]
+                batches or axes["B"], prefixes or axes["P"], nodes or axes["N"], prefix_kinds or axes["prefix"],
+                trees, layouts)]
 
 
 def _case_key(row: dict) -> tuple:
@@ -348,11 +337,21 @@ def write_results(rows: list[dict], out: Path, command: str, copy_bw: float | No
         md.write("\n" + "\n".join(target_summary(rows, nominal_bw)))
 
 
+class Interrupted(Exception):
+    """SIGTERM (e.g. from `timeout`): stop measuring, write the report of the rows so far."""
+
+
+def _stop(signum, frame):
+    raise Interrupted()
+
+
 def main(argv=None) -> int:
     parser = base_parser(__doc__, default_dtype=None)  # bfloat16, float32 in smoke runs; --repeats: CPU calls
+    parser.add_argument("--full", action="store_true", help="the whole grid (B 1/8/32, P 512/4096/32768, N 8/32/64, "
+                                                            "uniform and ragged prefixes): long")
     parser.add_argument("--prefix", nargs="+", type=int, default=None)
     parser.add_argument("--nodes", nargs="+", type=int, default=None)
-    parser.add_argument("--prefix-kinds", nargs="+", choices=PREFIXES, default=list(PREFIXES))
+    parser.add_argument("--prefix-kinds", nargs="+", choices=PREFIXES, default=None)
     parser.add_argument("--trees", nargs="+", choices=TREES, default=list(TREES))
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     parser.add_argument("--page-size", type=int, default=16)
@@ -363,12 +362,33 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype or ("float32" if smoke else "bfloat16"))
     repeats = args.repeats or 1  # CPU wall-clock repeats (GPU timing is do_bench's)
     impls = [i for i in implementations(device) if args.impls is None or i in args.impls]
-    copy_bw = bv.copy_bandwidth(device)
-    rows = []
-    for case in grid(smoke, dtype, device, batches=args.batch, prefixes=args.prefix, nodes=args.nodes,
-                     prefix_kinds=args.prefix_kinds, trees=args.trees, layouts=args.layouts, page_size=args.page_size):
-        rows += measure(case, impls, repeats, copy_bw)
+    cases = grid(smoke, dtype, device, full=args.full, batches=args.batch, prefixes=args.prefix, nodes=args.nodes,
+                 prefix_kinds=args.prefix_kinds, trees=args.trees, layouts=args.layouts, page_size=args.page_size)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    interrupted, copy_bw = False, None
+    with open(args.out / "tree_attention.jsonl", "w", encoding="utf-8") as jsonl:
+        def emit(row: dict) -> None:  # every row on disk the moment it is measured
+            rows.append(row)
+            jsonl.write(json.dumps(row) + "\n")
+            jsonl.flush()
+            _emit_stdout(row)
+
+        previous = signal.signal(signal.SIGTERM, _stop)
+        try:
+            copy_bw = bv.copy_bandwidth(device)
+            for case in cases:  # ours and SDPA: no compile between their timings
+                measure(case, [i for i in impls if i != "flex"], repeats, copy_bw, emit=emit)
+            if "flex" in impls:
+                measure_flex(cases, repeats, copy_bw, emit=emit)
+        except (KeyboardInterrupt, Interrupted):
+            interrupted = True
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     write_results(rows, args.out, "python " + " ".join(sys.argv), copy_bw, device)
+    if interrupted:
+        print(f"interrupted: {len(rows)} rows written", file=sys.stderr)
+        return 130
     ours = [r for r in rows if r["impl"] not in ANCHORS]
     return 0 if all(r["ok"] for r in ours) else 1  # an anchor may fail; ours may not
 

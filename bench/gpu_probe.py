@@ -18,6 +18,10 @@ every "% of bound" is bench/_bound.py's: the bytes the op must move / time / the
              index_select + copy_; pct_bound for the bytes that move
   exit       early_exit_topk B in {1, 8}, H=4096, V=128256, bf16: ours vs torch.topk(lm_head(norm(h)));
              pct_bound for the weight read
+  targets    a row for each performance target that the sections above do not time at its own shape
+             (bench/_probe_targets.py: B=1 at V=128256, early_exit_topk at B=64 and as `auto` picks it,
+             tree_attention's other target shapes, the host path per eager call); last, so a tight budget
+             lists them as skipped; `--sections targets` runs them alone
 The end-to-end figures are bench/e2e.py's (the first look's e2e stage), not the probe's.
 
     python bench/gpu_probe.py --out probe.jsonl                  # on a GPU (~60 s on an H100, an estimate)
@@ -43,6 +47,7 @@ import bench_early_exit_topk as bx  # noqa: E402  (bench/ is on sys.path: the sc
 import bench_kv_compact as bk  # noqa: E402
 import bench_tree_attention as ba  # noqa: E402
 import bench_verify as bv  # noqa: E402
+from _probe_targets import target_rows  # noqa: E402
 from _timing import FLUSH_BYTES, copy_bandwidth  # noqa: E402
 
 NEW_VERIFY_OPS = ("block_verify", "block_verify_logits", "tree_rejection_sample_wr")  # never timed on a GPU: first
@@ -144,7 +149,7 @@ def exit_rows(probe: Probe, device, dtype, bandwidth) -> None:
                       lambda: bx.measure(case, backend, repeats, bandwidth))
 
 
-SECTIONS = ("verify", "attention", "kv", "exit")
+SECTIONS = ("verify", "attention", "kv", "exit", "targets")
 
 
 def main(argv=None) -> int:
@@ -167,7 +172,8 @@ def main(argv=None) -> int:
     for section, rows in (("verify", lambda: verify_rows(probe, device, dtype, bandwidth)),
                           ("attention", lambda: attention_rows(probe, device, dtype, bandwidth)),
                           ("kv", lambda: kv_rows(probe, device, dtype, bandwidth)),
-                          ("exit", lambda: exit_rows(probe, device, dtype, bandwidth))):
+                          ("exit", lambda: exit_rows(probe, device, dtype, bandwidth)),
+                          ("targets", lambda: target_rows(probe, device, dtype, bandwidth))):
         if section in wanted:
             try:
                 rows()

@@ -1,6 +1,6 @@
 """pytest-benchmark suite over the same cases as bench_tree_attention.py.
 
-    pytest bench/test_bench_tree_attention.py --benchmark-only             # the full grid on a GPU, tiny shapes on a CPU
+    pytest bench/test_bench_tree_attention.py --benchmark-only             # the default grid on a GPU, tiny shapes on a CPU
     pytest bench/test_bench_tree_attention.py --benchmark-only -k "triton and B8-P4096"
 Each case is first checked against the torch reference (a failing one fails its test);
 the bandwidth and tensor-core figures go to extra_info.

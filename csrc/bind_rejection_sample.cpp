@@ -61,8 +61,8 @@ const specdec::RegisterBindings registered([](py::module_& m) {
         py::arg("uniforms"), py::arg("uniforms_float64"), py::arg("seed"), py::arg("seeds"), py::arg("offsets"),
         py::arg("out_tokens"), py::arg("num_accepted"), py::arg("workspace"), py::arg("B"), py::arg("G"),
         py::arg("V"), py::arg("dtype"), py::arg("stream"), py::call_guard<py::gil_scoped_release>(),
-        "rejection_sample on softmax(logits / T) without materialising it (one launch, no sync); "
-        "temperatures: float32 [B] address or 0 for the scalar `temperature`. G <= 2047.");
+        "rejection_sample on softmax(logits / T) without materialising it (two launches: softmax statistics, "
+        "then sampling; no sync); temperatures: float32 [B] address or 0 for the scalar `temperature`.");
   m.def("rejection_sample_logits_workspace_bytes", &specdec::rejection_sample_logits_workspace_bytes,
         py::arg("B"), py::arg("G"), py::arg("V"),
         "Bytes of zeroed workspace rejection_sample_logits needs (left zeroed after use).");

@@ -31,12 +31,12 @@
 // So: one pass over the 2n+1 rows a batch row uses, plus one chunk of the final row; no
 // second kernel, no host sync, no allocation. Blocks with j > n leave at once (not counted).
 //
-// block_verify_logits: two launches. block_verify_stats_kernel, grid (B, 2G+1, splits),
-// reduces each chunk of every used row (target rows 0..n, draft rows 0..n-1) to the partial
-// softmax statistics (max m, sum of exp(x/T - m)) of rejection_sample_logits; the last block
-// of a batch row merges them in a fixed order (one warp per row) into the workspace. Then
-// block_verify_logits_kernel is block_verify_kernel on P(x) = expf(x/T - m)/s read on the fly
-// (never written). As for rejection_sample_logits, m and s come from another reduction order
+// block_verify_logits: two launches. softmax_stats_kernel (softmax_stats.cu, shared with
+// rejection_sample_logits), grid (B, 2G+1, splits), reduces each chunk of every used row
+// (target rows 0..n, draft rows 0..n-1) to the partial softmax statistics (max m, sum of
+// exp(x/T - m)); the last block of a batch row merges them in a fixed order (one warp per row)
+// into the workspace. Then block_verify_logits_kernel is block_verify_kernel on
+// P(x) = expf(x/T - m)/s read on the fly (never written; LogitRows, chain_rows.cuh). As for rejection_sample_logits, m and s come from another reduction order
 // than torch's softmax, so P and Q can differ from the reference's in the last ulps: results
 // equal the reference's except where a decision lies within ~1e-6 (relative) of its boundary
 // (eta_i against h_i, a weight's rounding, or the draw's threshold against a cumulative
@@ -44,10 +44,11 @@
 // here too: their drafts are never accepted and their weights are 0.
 //
 // Grid: B in grid x (up to 2^31 - 1), positions in grid y (G + 1 <= 65535; 2G + 1 for the
-// statistics), splits in z. Splits per (batch row, position) are at most
-// plans::block_verify_max_splits(rows) <= 64, so the workspace (launch_plan.h's
-// BlockVerifyLayout) depends on B and G only: B*(G+1)*(16*ws_stride + 4) + 4B bytes (+ the
-// logits' B*(2G+1)*(8*stats_stride + 8) + 4B), about 16 KiB + 20 B*(G+1) at most.
+// statistics), splits in z. A chunk holds at most 8192 elements (as rejection_sample's), so the
+// last block's rescan stays one small chunk at any B; the splits per (batch row, position) are
+// at most max(plans::block_verify_max_splits(rows), ceil(V / 8192)), which sizes the workspace
+// (launch_plan.h's BlockVerifyLayout): B*(G+1)*(16*ws_stride + 4) + 4B bytes (+ the logits'
+// B*(2G+1)*(8*stats_stride + 8) + 4B).
 //
 // Limits: V < 2^23 (int64 fixed-point totals). Ids are always in [0, V): draw_threshold keeps
 // the threshold in [0, total - 1] for any uniform (1.0, > 1, NaN), and the write clamps.
@@ -58,9 +59,11 @@
 
 #include "block_verify.h"
 #include "block_verify_math.cuh"
+#include "chain_rows.cuh"
 #include "common.cuh"
 #include "launch_utils.h"
 #include "philox.cuh"
+#include "softmax_stats.h"
 #include "split_v_sampling.cuh"
 
 namespace specdec {
@@ -68,6 +71,10 @@ namespace {
 
 using namespace split_v;  // split_v_sampling.cuh: kThreads, block sums / scans, weights, draws
 constexpr int64_t kMaxVocab = int64_t{1} << 23;  // each weight <= 2^40: a row total stays < 2^63
+// Three resident CTAs per SM (at most 80 registers a thread; without the bound the 16-bit
+// kernels took 100: two per SM; at 64 the logits kernel spills): the split plan fills one wave.
+constexpr int kBlocksPerSM = 3;
+static_assert(kBlocksPerSM == plans::kBlockVerifyBlocksPerSM, "launch_plan.h plans this residency");
 static_assert(kThreads == plans::kBlockVerifyThreads && kMaxVocab == plans::kRejectionMaxVocab,
               "launch_plan.h mirrors the block size and the vocabulary limit");
 
@@ -105,55 +112,6 @@ __device__ __forceinline__ double row_uniform(const BlockRandomness& rnd, int64_
   return philox_uniform(seed, pos, row_key, salt, 0);
 }
 
-
-// ---------------------------------------------------------------------------------------
-// Rows: where P and Q of a position come from
-// ---------------------------------------------------------------------------------------
-
-template <typename T>
-struct ProbRows {
-  using Prob = Identity;
-  const T* target;
-  int64_t t_sb, t_sg;
-  const T* draft;
-  int64_t q_sb, q_sg;
-  __device__ __forceinline__ const T* target_row(int64_t b, int j) const { return target + b * t_sb + j * t_sg; }
-  __device__ __forceinline__ const T* draft_row(int64_t b, int j) const { return draft + b * q_sb + j * q_sg; }
-  __device__ __forceinline__ Identity target_prob(int64_t, int) const { return {}; }
-  __device__ __forceinline__ Identity draft_prob(int64_t, int) const { return {}; }
-  __device__ __forceinline__ void release(int64_t, int) const {}
-};
-
-template <typename T>
-struct LogitRows {
-  using Prob = SoftmaxProb;
-  const T* target;
-  int64_t t_sb, t_sg;
-  const T* draft;
-  int64_t q_sb, q_sg;
-  float2* merged;  // [B][2G+1] (m, s): target rows 0..G, then draft rows 0..G-1
-  int G;
-  float temperature;
-  const float* temperatures;  // [B] with `temp_stride`, or null
-  int64_t temp_stride;
-  __device__ __forceinline__ const T* target_row(int64_t b, int j) const { return target + b * t_sb + j * t_sg; }
-  __device__ __forceinline__ const T* draft_row(int64_t b, int j) const { return draft + b * q_sb + j * q_sg; }
-  __device__ __forceinline__ float temp(int64_t b) const {
-    return temperatures != nullptr ? temperatures[b * temp_stride] : temperature;
-  }
-  __device__ __forceinline__ SoftmaxProb prob_of(int64_t b, int r) const {
-    const float2 st = __ldcg(&merged[b * (2 * G + 1) + r]);  // written by the statistics kernel
-    return SoftmaxProb{temp(b), st.x, st.y};
-  }
-  __device__ __forceinline__ SoftmaxProb target_prob(int64_t b, int j) const { return prob_of(b, j); }
-  __device__ __forceinline__ SoftmaxProb draft_prob(int64_t b, int j) const { return prob_of(b, G + 1 + j); }
-  // The last block of row b returns the merged statistics of the rows it used to zero.
-  __device__ __forceinline__ void release(int64_t b, int n) const {
-    for (int r = threadIdx.x; r < 2 * G + 1; r += kThreads) {
-      if (r <= n || (r > G && r - G - 1 < n)) __stcg(&merged[b * (2 * G + 1) + r], make_float2(0.0f, 0.0f));
-    }
-  }
-};
 
 // Block verification's residual weight of one id: floor(clamp(p_j P(x) - Q(x), 0, 1) 2^40).
 struct ScaledResidual {
@@ -315,7 +273,7 @@ __device__ __forceinline__ void block_verify_body(const Rows& rows, const BlockI
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM)
 block_verify_kernel(ProbRows<T> rows, BlockIndex tokens, BlockIndex counts, BlockRandomness rnd,
                     int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted, Workspace ws, int G, int V,
                     int64_t chunk) {
@@ -323,67 +281,11 @@ block_verify_kernel(ProbRows<T> rows, BlockIndex tokens, BlockIndex counts, Bloc
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM)
 block_verify_logits_kernel(LogitRows<T> rows, BlockIndex tokens, BlockIndex counts, BlockRandomness rnd,
                            int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted, Workspace ws, int G,
                            int V, int64_t chunk) {
   block_verify_body<T>(rows, tokens, counts, rnd, out_tokens, num_accepted, ws, G, V, chunk);
-}
-
-// ---------------------------------------------------------------------------------------
-// block_verify_stats_kernel: grid (B, 2G+1, splits), the softmax statistics of every used row
-// ---------------------------------------------------------------------------------------
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-block_verify_stats_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg, const T* __restrict__ draft,
-                          int64_t q_sb, int64_t q_sg, BlockIndex counts, float temperature,
-                          const float* __restrict__ temperatures, int64_t temp_stride, float2* partials,
-                          float2* merged, unsigned int* counters, int64_t stats_stride, int G, int V, int64_t chunk) {
-  __shared__ float scratch_m[kWarps], scratch_s[kWarps];
-  __shared__ bool s_is_last;
-
-  const int64_t b = blockIdx.x;
-  const int r = static_cast<int>(blockIdx.y);
-  const int64_t split = blockIdx.z;
-  const int R = 2 * G + 1;
-  const int splits = static_cast<int>(gridDim.z);
-  const int n = drafts_in_row(counts, b, G);
-  if (!logits_row_needed(r, n, G)) return;  // leaves before any barrier, not counted
-  const float t = temperatures != nullptr ? temperatures[b * temp_stride] : temperature;
-
-  // ---- partial statistics of this chunk of row r -----------------------------------------
-  const T* row = r <= G ? target + b * t_sb + r * t_sg : draft + b * q_sb + (r - G - 1) * q_sg;
-  const int64_t start = split * chunk;
-  const int64_t end = min(static_cast<int64_t>(V), start + chunk);
-  const bool vec = aligned16(row);
-  float m, s;  // online max / rescaled sum over this thread's finite x / t
-  bool bad;    // a NaN or +inf: torch's whole softmax row is NaN
-  thread_softmax_partial(row, start, end, vec, t, m, s, bad);
-  const float2 part = block_softmax_stats(m, s, bad, scratch_m, scratch_s);
-  if (threadIdx.x == 0) {
-    __stcg(&partials[(b * R + r) * stats_stride + split], part);
-    __threadfence();
-    const unsigned int blocks_in_row = static_cast<unsigned int>(splits) * static_cast<unsigned int>(2 * n + 1);
-    s_is_last = atomicAdd(&counters[b], 1u) == blocks_in_row - 1u;
-  }
-  __syncthreads();
-  if (!s_is_last) return;
-  __threadfence();
-
-  // ---- last block: merge each used row's partials (one warp per row, fixed order) -------
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int rr = warp; rr < R; rr += kWarps) {
-    if (!logits_row_needed(rr, n, G)) continue;  // warp-uniform
-    const float2 ms = warp_merge_softmax(partials + (b * R + rr) * stats_stride, splits, lane);
-    if (lane == 0) __stcg(&merged[b * R + rr], ms);
-  }
-  __syncthreads();  // every read of the partials is done
-  for (int idx = threadIdx.x; idx < R * splits; idx += kThreads) {
-    if (logits_row_needed(idx / splits, n, G)) {
-      __stcg(&partials[(b * R + idx / splits) * stats_stride + idx % splits], make_float2(0.0f, 0.0f));
-    }
-  }
-  if (threadIdx.x == 0) counters[b] = 0;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -437,18 +339,16 @@ void launch_logits_typed(const void* target, int64_t t_sb, int64_t t_sg, const v
                          int64_t* out_tokens, int64_t* num_accepted, void* workspace, int64_t G, int64_t V,
                          const plans::Plan& plan, cudaStream_t stream) {
   auto* base = static_cast<unsigned char*>(workspace);
-  auto* partials = reinterpret_cast<float2*>(base + plan.at("partials_offset"));
-  auto* merged = reinterpret_cast<float2*>(base + plan.at("merged_offset"));
-  auto* stats_counters = reinterpret_cast<unsigned int*>(base + plan.at("stats_counters_offset"));
-  const plans::Launch& ls = plan.launches.at(0);
-  block_verify_stats_kernel<T><<<grid_of(ls), ls.block, ls.dynamic_smem, stream>>>(
-      static_cast<const T*>(target), t_sb, t_sg, static_cast<const T*>(draft), q_sb, q_sg, counts, temperature,
-      temperatures, temp_stride, partials, merged, stats_counters, plan.at("stats_stride"), static_cast<int>(G),
-      static_cast<int>(V), plan.at("stats_chunk"));
-  SPECDEC_CUDA_CHECK(cudaGetLastError());
+  const SoftmaxStatsBuffers stats{reinterpret_cast<float2*>(base + plan.at("partials_offset")),
+                                  reinterpret_cast<float2*>(base + plan.at("merged_offset")),
+                                  reinterpret_cast<unsigned int*>(base + plan.at("stats_counters_offset")),
+                                  plan.at("stats_stride")};
+  launch_softmax_stats(target, t_sb, t_sg, draft, q_sb, q_sg, RowCounts{counts.data, counts.is_int64, counts.stride0},
+                       temperature, temperatures, temp_stride, stats, G, V, plan.at("stats_chunk"), dtype_of<T>(),
+                       plan.launches.at(0), stream);
   const plans::Launch& lv = plan.launches.at(1);
   const LogitRows<T> rows{static_cast<const T*>(target), t_sb, t_sg, static_cast<const T*>(draft), q_sb, q_sg,
-                          merged, static_cast<int>(G), temperature, temperatures, temp_stride};
+                          stats.merged, static_cast<int>(G), temperature, temperatures, temp_stride};
   block_verify_logits_kernel<T><<<grid_of(lv), lv.block, lv.dynamic_smem, stream>>>(
       rows, tokens, counts, rnd, out_tokens, num_accepted, workspace_of(workspace, plan), static_cast<int>(G),
       static_cast<int>(V), plan.at("chunk"));
@@ -458,13 +358,13 @@ void launch_logits_typed(const void* target, int64_t t_sb, int64_t t_sg, const v
 
 uint64_t block_verify_workspace_bytes(int64_t B, int64_t G, int64_t V) {
   check_arg(B >= 0 && G >= 0 && V >= 1 && V < kMaxVocab, "block_verify", "need B >= 0, G >= 0 and V in [1, 2^23)");
-  return static_cast<uint64_t>(plans::block_verify_layout(B, G, false).bytes);
+  return static_cast<uint64_t>(plans::block_verify_layout(B, G, V, false).bytes);
 }
 
 uint64_t block_verify_logits_workspace_bytes(int64_t B, int64_t G, int64_t V) {
   check_arg(B >= 0 && G >= 0 && V >= 1 && V < kMaxVocab, "block_verify_logits",
             "need B >= 0, G >= 0 and V in [1, 2^23)");
-  return static_cast<uint64_t>(plans::block_verify_layout(B, G, true).bytes);
+  return static_cast<uint64_t>(plans::block_verify_layout(B, G, V, true).bytes);
 }
 
 void launch_block_verify(const void* target_probs, int64_t target_stride_b, int64_t target_stride_g,

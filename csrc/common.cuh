@@ -27,6 +27,16 @@ namespace specdec {
 // Must match the codes the Python wrapper passes (torch dtype -> int).
 enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
+// The code of an element type, for launchers that dispatch again inside a typed path.
+template <typename T>
+constexpr int dtype_of();
+template <>
+constexpr int dtype_of<float>() { return kFloat32; }
+template <>
+constexpr int dtype_of<__half>() { return kFloat16; }
+template <>
+constexpr int dtype_of<__nv_bfloat16>() { return kBFloat16; }
+
 // ---------------------------------------------------------------------------
 // Loads. Every element is widened to fp32 before comparing; fp16/bf16 -> fp32
 // is exact, so the comparison matches torch's `.float()` reference bit for bit.

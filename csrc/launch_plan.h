@@ -68,12 +68,12 @@ bool needs_opt_in(int static_smem, int64_t dynamic_smem, const DeviceLimits& lim
 // ---------------------------------------------------------------------------
 constexpr int kVerifyThreads = 256;           // greedy / logit / tree-greedy verify, max_prob
 constexpr int kRejectionThreads = 256;        // rejection_sample (probs and logits)
+constexpr int kRejectionBlocksPerSM = 4;      // its __launch_bounds__ residency (<= 64 registers)
 constexpr int kKvCompactMaxThreads = 256;
 constexpr int kEarlyExitWarps = 8;            // early_exit_split_kernel
 constexpr int kEarlyExitRowsPerCta = 8;       // most batch rows one split CTA multiplies
 constexpr int kEarlyExitMaxK = 16;
 constexpr int kEarlyExitMergeThreads = 256;
-constexpr int kRejectionMaxLogitsDrafts = 2047;
 constexpr int64_t kRejectionMaxVocab = int64_t{1} << 23;
 constexpr int kTreeAttentionStages = 3;       // K/V tiles in flight per MMA CTA
 constexpr int kTreeAttentionBlockN = 64;      // keys per MMA K/V tile
@@ -93,8 +93,13 @@ constexpr int kLogitVerifyStaticSmem = 176;
 constexpr int kMaxProbStaticSmem = 161;
 // rejection_sample: i64 sum[8][2], i64 scan[8], int, bool (+3), i64 x3 = 128 + 64 + 8 + 24.
 constexpr int kRejectionSampleStaticSmem = 224;
-// rejection_sample_logits: f32 m[8], s[8], i64 sum[8][2], scan[8], int, bool (+3), i64.
-constexpr int kRejectionSampleLogitsStaticSmem = 272;
+// rejection_sample_logits: the same kernel body on softmax rows.
+constexpr int kRejectionSampleLogitsStaticSmem = kRejectionSampleStaticSmem;
+// softmax_stats_kernel (the logits ops' first launch): f32 m[8], s[8]; bool last.
+constexpr int kSoftmaxStatsStaticSmem = 65;
+// The largest V-chunk of a sampling kernel whose last block rescans one chunk for the drawn id
+// (rejection_sample, block_verify): the rescan stays short whatever B is.
+constexpr int64_t kSamplingMaxChunk = 8192;
 // tree_attention (both kernels): bool s_last, padded to the 128-byte alignment of the
 // dynamic buffer that follows it.
 constexpr int kTreeAttentionStaticSmem = 128;
@@ -127,6 +132,16 @@ Plan plan_tree_greedy_verify(int64_t B, int64_t N, int64_t V, const DeviceLimits
 // Workspace slots per batch row of the rejection kernels: the most splits any device plans.
 int64_t rejection_max_splits(int64_t V);
 Plan plan_rejection_sample(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim);
+// rejection_sample_logits: softmax_stats_kernel, grid (B, 2G+1, stats_splits), then
+// rejection_sample_logits_kernel, grid (B, splits). Byte layout of its zeroed workspace (every
+// offset 16-byte aligned): [B][ws_stride] longlong2 chunk totals, [B] uint32 tickets, then the
+// statistics: [B*(2G+1)][stats_stride] float2 partials, [B*(2G+1)] float2 merged, [B] uint32 tickets.
+struct RejectionLogitsLayout {
+  int64_t ws_stride, counters_offset;
+  int64_t stats_stride, partials_offset, merged_offset, stats_counters_offset;
+  int64_t bytes;
+};
+RejectionLogitsLayout rejection_logits_layout(int64_t B, int64_t G, int64_t V);
 Plan plan_rejection_sample_logits(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim);
 // vector_bytes: the widest access the caches allow (2 is the worst case: most columns).
 Plan plan_kv_compact(int64_t B, int64_t num_layers, int64_t heads, int64_t seq_capacity, int64_t head_dim,
@@ -142,19 +157,19 @@ Plan plan_tree_attention(int64_t B, int64_t N, int64_t Hq, int64_t Hkv, int64_t 
 
 // ---------------------------------------------------------------------------
 // block_verify (csrc/block_verify.cu): grid (B, G+1, splits) [+ the logits' statistics
-// kernel, grid (B, 2G+1, splits)]. Splits per row are capped by a constant, so the
-// workspace depends on B and G only, never on V or the device.
+// kernel, grid (B, 2G+1, splits)]. Chunks hold at most kSamplingMaxChunk elements; the
+// workspace depends on B, G and V, never on the device.
 // ---------------------------------------------------------------------------
 constexpr int kBlockVerifyThreads = 256;
+constexpr int kBlockVerifyBlocksPerSM = 3;  // its __launch_bounds__ residency (<= 80 registers: 4 would spill)
 constexpr int64_t kBlockVerifyMaxSplits = 64;  // per (batch row, position): workspace slots
 // block_verify_kernel: i64 sum[8][2], scan[8]; f32 p[256], q[256]; bool ok[256]; f32 carry;
 // int tau; bool last; i64 chunk, base, found = 128 + 64 + 1024 + 1024 + 256 + 4 + 4 + 1 (+7) + 24.
 constexpr int kBlockVerifyStaticSmem = 2536;
 constexpr int kBlockVerifyLogitsStaticSmem = 2536;  // the same kernel body on softmax rows
-// block_verify_stats_kernel: f32 m[8], s[8]; bool last.
-constexpr int kBlockVerifyStatsStaticSmem = 65;
-// Workspace slots per (batch row, row) for `rows` = B * (rows per batch row) rows in all:
-// enough for ~4 CTAs per SM on a 256-SM device, at most kBlockVerifyMaxSplits.
+// Statistics slots per (batch row, row) for `rows` = B * (rows per batch row) rows in all:
+// enough for ~4 CTAs per SM on a 256-SM device, at most kBlockVerifyMaxSplits. The block
+// kernel's own slots are at least ceil(V / kSamplingMaxChunk) besides (its chunk cap).
 int64_t block_verify_max_splits(int64_t rows);
 // Byte layout of the zeroed workspace (every offset 16-byte aligned):
 //   [B*(G+1)][ws_stride] longlong2 chunk totals (.x residual, .y plain p), [B*(G+1)] float
@@ -165,7 +180,7 @@ struct BlockVerifyLayout {
   int64_t stats_stride, partials_offset, merged_offset, stats_counters_offset;
   int64_t bytes;
 };
-BlockVerifyLayout block_verify_layout(int64_t B, int64_t G, bool logits);
+BlockVerifyLayout block_verify_layout(int64_t B, int64_t G, int64_t V, bool logits);
 Plan plan_block_verify(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim);
 Plan plan_block_verify_logits(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim);
 

@@ -152,21 +152,57 @@ Plan plan_max_prob(int64_t R, int64_t V, const DeviceLimits& lim) {
 }
 
 // ---------------------------------------------------------------------------
-// rejection_sample: grid (B, splits) and (B, 2G + 1, splits)
+// The softmax statistics of the logits sampling ops (softmax_stats_kernel): ~4 CTAs per SM
+// over all rows, chunks of >= 2048 elements (one chunk for a smaller V), at most
+// block_verify_max_splits(rows) per row (its workspace slots); every CTA owns >= 1 element.
+// ---------------------------------------------------------------------------
+int64_t block_verify_max_splits(int64_t rows) {
+  constexpr int64_t kCtaTarget = 4 * 256;  // 4 CTAs per SM on a 256-SM device
+  return std::clamp<int64_t>(ceil_div(kCtaTarget, std::max<int64_t>(rows, 1)), 1, kBlockVerifyMaxSplits);
+}
+
+namespace {
+
+// One wave of `per_sm` CTAs per SM over all rows, chunks of >= 2048 elements (one chunk for a
+// smaller V), at most `most` splits; with `cap_chunk`, at least ceil(V / kSamplingMaxChunk)
+// splits (chunks of at most 8192 elements: the kernel's last block rescans one). Every CTA owns
+// at least one element.
+SplitPlan sampling_splits(int64_t rows, int64_t V, int sms, int64_t per_sm, int64_t most, bool cap_chunk) {
+  constexpr int64_t kChunkAlign = 8, kMinChunk = 2048;
+  int64_t splits = ceil_div(per_sm * std::max(sms, 1), std::max<int64_t>(rows, 1));
+  splits = std::min({splits, most, std::max<int64_t>(1, V / kMinChunk)});
+  if (cap_chunk) splits = std::max(splits, ceil_div(V, kSamplingMaxChunk));
+  splits = std::max<int64_t>(splits, 1);
+  const int64_t chunk = ceil_div(ceil_div(V, splits), kChunkAlign) * kChunkAlign;
+  return {static_cast<int>(ceil_div(V, chunk)), static_cast<int>(chunk)};
+}
+
+// The statistics launch of a logits op: grid (B, 2G+1, splits).
+SplitPlan softmax_stats_splits(int64_t B, int64_t G, int64_t V, int sms) {
+  const int64_t rows = B * (2 * G + 1);
+  return sampling_splits(rows, V, sms, 4, block_verify_max_splits(rows), false);
+}
+
+std::string add_softmax_stats_launch(Plan& plan, int64_t B, int64_t G, const SplitPlan& st, const DeviceLimits& lim) {
+  plan.values["stats_splits"] = st.splits;
+  plan.values["stats_chunk"] = st.chunk;
+  return add_launch(plan, "softmax_stats_kernel", B, 2 * G + 1, st.splits, kRejectionThreads, kSoftmaxStatsStaticSmem,
+                    0, lim);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// rejection_sample: grid (B, splits); logits: the statistics, then grid (B, splits)
 // ---------------------------------------------------------------------------
 int64_t rejection_max_splits(int64_t V) { return ceil_div(V, 2048); }
 
 namespace {
 
-// ~4 CTAs per SM over all rows, chunks of 2048..8192 elements (one chunk for a smaller
-// V); splits <= rejection_max_splits(V), and every CTA owns at least one element.
+// One wave of its 4 CTAs per SM over all rows, chunks of 2048..8192 elements (one chunk for a
+// smaller V); splits <= rejection_max_splits(V), and every CTA owns at least one element.
 SplitPlan rejection_splits(int64_t rows, int64_t V, int sms) {
-  constexpr int64_t kChunkAlign = 8, kMinChunk = 2048, kMaxChunk = 8192, kBlocksPerSM = 4;
-  int64_t splits = ceil_div(kBlocksPerSM * std::max(sms, 1), std::max<int64_t>(rows, 1));
-  splits = std::min(splits, std::max<int64_t>(1, V / kMinChunk));
-  splits = std::max(splits, ceil_div(V, kMaxChunk));
-  const int64_t chunk = ceil_div(ceil_div(V, splits), kChunkAlign) * kChunkAlign;
-  return {static_cast<int>(ceil_div(V, chunk)), static_cast<int>(chunk)};
+  return sampling_splits(rows, V, sms, kRejectionBlocksPerSM, rejection_max_splits(V), true);
 }
 
 std::string rejection_refusal(int64_t G, int64_t V) {
@@ -184,23 +220,49 @@ Plan plan_rejection_sample(int64_t B, int64_t G, int64_t V, const DeviceLimits& 
   Plan plan;
   if (B == 0) return plan;
   const SplitPlan s = rejection_splits(B, V, lim.sms);
-  plan.values = {{"splits", s.splits}, {"chunk", s.chunk}, {"ws_stride", rejection_max_splits(V)}};
+  plan.values = {{"splits", s.splits}, {"chunk", s.chunk}, {"ws_stride", rejection_max_splits(V)},
+                 {"ctas_per_sm", kRejectionBlocksPerSM}};
   return check(plan, add_launch(plan, "rejection_sample_kernel", B, s.splits, 1, kRejectionThreads,
                                 kRejectionSampleStaticSmem, 0, lim));
+}
+
+RejectionLogitsLayout rejection_logits_layout(int64_t B, int64_t G, int64_t V) {
+  require(B >= 0 && G >= 0 && V >= 1, "rejection_sample_logits", "need B >= 0, G >= 0 and V >= 1");
+  auto align16 = [](int64_t bytes) { return ceil_div(bytes, 16) * 16; };
+  RejectionLogitsLayout l{};
+  l.ws_stride = rejection_max_splits(V);
+  l.counters_offset = B * l.ws_stride * 16;                     // longlong2 chunk totals
+  l.partials_offset = l.counters_offset + align16(B * 4);       // uint32 tickets
+  const int64_t stat_rows = B * (2 * G + 1);
+  l.stats_stride = block_verify_max_splits(stat_rows);
+  l.merged_offset = l.partials_offset + stat_rows * l.stats_stride * 8;  // float2 partials
+  l.stats_counters_offset = l.merged_offset + align16(stat_rows * 8);    // float2 merged
+  l.bytes = B == 0 ? 0 : l.stats_counters_offset + align16(B * 4);
+  return l;
 }
 
 Plan plan_rejection_sample_logits(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim) {
   require_chain("rejection_sample_logits", B, G);
   require(V >= 1, "rejection_sample_logits", "V must be >= 1");
   if (const std::string why = rejection_refusal(G, V); !why.empty()) return refused(why);
-  // 2G + 1 merged (max, sum) pairs per row in dynamic shared memory, below 48 KiB
-  if (G > kRejectionMaxLogitsDrafts) return refused("G > 2047 (per-row statistics in shared memory)");
+  if (2 * G + 1 > lim.grid_yz) return refused(std::to_string(2 * G + 1) + " statistics rows per batch row > 65535 (grid y)");
   Plan plan;
+  const RejectionLogitsLayout l = rejection_logits_layout(B, G, V);
+  plan.values = {{"ws_stride", l.ws_stride},           {"counters_offset", l.counters_offset},
+                 {"stats_stride", l.stats_stride},     {"partials_offset", l.partials_offset},
+                 {"merged_offset", l.merged_offset},   {"stats_counters_offset", l.stats_counters_offset},
+                 {"workspace_bytes", l.bytes}};
   if (B == 0) return plan;
-  const SplitPlan s = rejection_splits(B * (2 * G + 1), V, lim.sms);
-  plan.values = {{"splits", s.splits}, {"chunk", s.chunk}, {"ws_stride", rejection_max_splits(V)}};
-  return check(plan, add_launch(plan, "rejection_sample_logits_kernel", B, 2 * G + 1, s.splits, kRejectionThreads,
-                                kRejectionSampleLogitsStaticSmem, (2 * G + 1) * 8, lim));
+  const SplitPlan s = rejection_splits(B, V, lim.sms);
+  plan.values["splits"] = s.splits;
+  plan.values["chunk"] = s.chunk;
+  plan.values["ctas_per_sm"] = kRejectionBlocksPerSM;
+  std::string broken = add_softmax_stats_launch(plan, B, G, softmax_stats_splits(B, G, V, lim.sms), lim);
+  if (broken.empty()) {
+    broken = add_launch(plan, "rejection_sample_logits_kernel", B, s.splits, 1, kRejectionThreads,
+                        kRejectionSampleLogitsStaticSmem, 0, lim);
+  }
+  return check(plan, broken);
 }
 
 // ---------------------------------------------------------------------------
@@ -338,17 +400,22 @@ Plan plan_tree_attention(int64_t B, int64_t N, int64_t Hq, int64_t Hkv, int64_t 
 // ---------------------------------------------------------------------------
 // block_verify: grid (B, G+1, splits); logits: + statistics grid (B, 2G+1, splits)
 // ---------------------------------------------------------------------------
-int64_t block_verify_max_splits(int64_t rows) {
-  constexpr int64_t kCtaTarget = 4 * 256;  // 4 CTAs per SM on a 256-SM device
-  return std::clamp<int64_t>(ceil_div(kCtaTarget, std::max<int64_t>(rows, 1)), 1, kBlockVerifyMaxSplits);
+namespace {
+
+// The block kernel's slots per (batch row, position): its chunks hold at most
+// kSamplingMaxChunk elements, so a large V takes more than block_verify_max_splits(rows).
+int64_t block_verify_slots(int64_t rows, int64_t V) {
+  return std::max(block_verify_max_splits(rows), ceil_div(V, kSamplingMaxChunk));
 }
 
-BlockVerifyLayout block_verify_layout(int64_t B, int64_t G, bool logits) {
-  require(B >= 0 && G >= 0, "block_verify", "B and G must be >= 0");
+}  // namespace
+
+BlockVerifyLayout block_verify_layout(int64_t B, int64_t G, int64_t V, bool logits) {
+  require(B >= 0 && G >= 0 && V >= 1, "block_verify", "need B >= 0, G >= 0 and V >= 1");
   auto align16 = [](int64_t bytes) { return ceil_div(bytes, 16) * 16; };
   BlockVerifyLayout l{};
   const int64_t rows = B * (G + 1);
-  l.ws_stride = block_verify_max_splits(rows);
+  l.ws_stride = block_verify_slots(rows, V);
   l.ratios_offset = rows * l.ws_stride * 16;                      // longlong2 totals
   l.counters_offset = l.ratios_offset + align16(rows * 4);        // float prefix ratios
   int64_t end = l.counters_offset + align16(B * 4);               // uint32 tickets
@@ -366,15 +433,10 @@ BlockVerifyLayout block_verify_layout(int64_t B, int64_t G, bool logits) {
 
 namespace {
 
-// ~4 CTAs per SM over all rows, chunks of >= 2048 elements (one chunk for a smaller V),
-// never more splits than the workspace holds; every CTA owns at least one element.
+// The block kernel: one wave of its 3 CTAs per SM over all rows, chunks of 2048..8192 elements
+// (one chunk for a smaller V), never more splits than the workspace holds.
 SplitPlan block_verify_splits(int64_t rows, int64_t V, int sms) {
-  constexpr int64_t kChunkAlign = 8, kMinChunk = 2048, kBlocksPerSM = 4;
-  int64_t splits = ceil_div(kBlocksPerSM * std::max(sms, 1), std::max<int64_t>(rows, 1));
-  splits = std::min({splits, block_verify_max_splits(rows), std::max<int64_t>(1, V / kMinChunk)});
-  splits = std::max<int64_t>(splits, 1);
-  const int64_t chunk = ceil_div(ceil_div(V, splits), kChunkAlign) * kChunkAlign;
-  return {static_cast<int>(ceil_div(V, chunk)), static_cast<int>(chunk)};
+  return sampling_splits(rows, V, sms, kBlockVerifyBlocksPerSM, block_verify_slots(rows, V), true);
 }
 
 std::string block_verify_refusal(int64_t V, int64_t rows_per_batch_row, const DeviceLimits& lim) {
@@ -386,6 +448,7 @@ std::string block_verify_refusal(int64_t V, int64_t rows_per_batch_row, const De
 }
 
 void put_layout(Plan& plan, const BlockVerifyLayout& l) {
+  plan.values["ctas_per_sm"] = kBlockVerifyBlocksPerSM;
   plan.values["ws_stride"] = l.ws_stride;
   plan.values["ratios_offset"] = l.ratios_offset;
   plan.values["counters_offset"] = l.counters_offset;
@@ -399,7 +462,7 @@ Plan plan_block_verify(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim)
   require(V >= 1, "block_verify", "V must be >= 1");
   if (const std::string why = block_verify_refusal(V, G + 1, lim); !why.empty()) return refused(why);
   Plan plan;
-  put_layout(plan, block_verify_layout(B, G, false));
+  put_layout(plan, block_verify_layout(B, G, V, false));
   if (B == 0) return plan;
   const SplitPlan s = block_verify_splits(B * (G + 1), V, lim.sms);
   plan.values["splits"] = s.splits;
@@ -413,21 +476,17 @@ Plan plan_block_verify_logits(int64_t B, int64_t G, int64_t V, const DeviceLimit
   require(V >= 1, "block_verify_logits", "V must be >= 1");
   if (const std::string why = block_verify_refusal(V, 2 * G + 1, lim); !why.empty()) return refused(why);
   Plan plan;
-  const BlockVerifyLayout l = block_verify_layout(B, G, true);
+  const BlockVerifyLayout l = block_verify_layout(B, G, V, true);
   put_layout(plan, l);
   plan.values["stats_stride"] = l.stats_stride;
   plan.values["partials_offset"] = l.partials_offset;
   plan.values["merged_offset"] = l.merged_offset;
   plan.values["stats_counters_offset"] = l.stats_counters_offset;
   if (B == 0) return plan;
-  const SplitPlan st = block_verify_splits(B * (2 * G + 1), V, lim.sms);
   const SplitPlan s = block_verify_splits(B * (G + 1), V, lim.sms);
-  plan.values["stats_splits"] = st.splits;
-  plan.values["stats_chunk"] = st.chunk;
   plan.values["splits"] = s.splits;
   plan.values["chunk"] = s.chunk;
-  std::string broken = add_launch(plan, "block_verify_stats_kernel", B, 2 * G + 1, st.splits, kBlockVerifyThreads,
-                                  kBlockVerifyStatsStaticSmem, 0, lim);
+  std::string broken = add_softmax_stats_launch(plan, B, G, softmax_stats_splits(B, G, V, lim.sms), lim);
   if (broken.empty()) {
     broken = add_launch(plan, "block_verify_logits_kernel", B, G + 1, s.splits, kBlockVerifyThreads,
                         kBlockVerifyLogitsStaticSmem, 0, lim);

@@ -24,9 +24,10 @@
 // used, so the zeroed buffer is reusable by the next call or graph replay on the stream.
 // No host sync, no allocation, no second kernel.
 //
-// Chunks hold 2048..8192 elements (one chunk when V is smaller; plans::plan_rejection_sample): enough blocks for
-// small B (B = 1, V = 151936: 74 blocks), and a rescan that re-reads only a small fraction
-// of the row (usually from L2) for large B.
+// Chunks hold 2048..8192 elements (one chunk when V is smaller; plans::plan_rejection_sample):
+// enough blocks for small B (B = 1, V = 151936: 74 blocks), and a rescan that re-reads only a
+// small fraction of the row (usually from L2) for large B. Four CTAs fit on an SM
+// (__launch_bounds__(256, 4)), the residency the plan's ~4 CTAs per SM assume.
 //
 // Limits: V < 2^23 (the int64 fixed-point totals). Grid (B, splits): B in grid x.
 // Out-of-contract inputs never produce ids outside [0, V): draw_threshold keeps the
@@ -35,16 +36,19 @@
 // Workspace: [B][max_splits] longlong2 chunk totals (.x residual, .y p), max_splits =
 // ceil(V / 2048) >= any plan's splits, then [B] uint32 counters.
 //
-// rejection_sample_logits (second kernel in this file, same structure): see its comment.
+// rejection_sample_logits: softmax_stats.cu's statistics launch, then the same body on softmax
+// rows (the second kernel in this file): see its comment.
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
+#include "chain_rows.cuh"
 #include "common.cuh"
 #include "launch_utils.h"
 #include "philox.cuh"
 #include "rejection_sample.h"
+#include "softmax_stats.h"
 #include "split_v_sampling.cuh"
 
 namespace specdec {
@@ -54,6 +58,10 @@ using namespace split_v;  // split_v_sampling.cuh: kThreads, block sums / scans,
 
 // Each weight is <= 2^40, so a row total stays below 2^63 for V < 2^23.
 constexpr int64_t kMaxVocab = int64_t{1} << 23;
+// Four resident CTAs per SM (at most 64 registers a thread): the split plan spreads ~4 CTAs per
+// SM over the rows, and at 80 registers only 3 fit, which left a partial wave at B = 64.
+constexpr int kBlocksPerSM = 4;
+static_assert(kBlocksPerSM == plans::kRejectionBlocksPerSM, "launch_plan.h plans this residency");
 static_assert(kThreads == plans::kRejectionThreads && kMaxVocab == plans::kRejectionMaxVocab,
               "launch_plan.h mirrors the block size and the vocabulary limit");
 
@@ -129,15 +137,15 @@ __device__ __forceinline__ void write_row(const int64_t* draft_tokens, int64_t* 
 }
 
 // ---------------------------------------------------------------------------------------
-// rejection_sample: grid (B, splits)
+// The body of both kernels, grid (B, splits): Rows (chain_rows.cuh) says where P and Q come from
 // ---------------------------------------------------------------------------------------
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-rejection_sample_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg, const T* __restrict__ draft,
-                        int64_t q_sb, int64_t q_sg, const int64_t* __restrict__ draft_tokens,
-                        const int64_t* __restrict__ num_draft_tokens, Randomness rnd,
-                        int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted, longlong2* totals,
-                        unsigned int* counters, int64_t ws_stride, int G, int V, int64_t chunk) {
+template <typename T, typename Rows>
+__device__ __forceinline__ void rejection_body(const Rows& rows, const int64_t* __restrict__ draft_tokens,
+                                               const int64_t* __restrict__ num_draft_tokens, const Randomness& rnd,
+                                               int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted,
+                                               longlong2* totals, unsigned int* counters, int64_t ws_stride, int G,
+                                               int V, int64_t chunk) {
+  using Prob = typename Rows::Prob;
   __shared__ long long sum_scratch[kWarps][2];
   __shared__ long long scan_scratch[kWarps];
   __shared__ int s_first;
@@ -150,24 +158,25 @@ rejection_sample_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg
   const int n = drafts_in_row(num_draft_tokens, b, G);
 
   // ---- 1. num_accepted, recomputed by every block of the row --------------------------
-  const Identity id;
   const int a = first_rejection(
       draft_tokens, rnd, b, G, n, V,
       [&](int j, int64_t token, float& p, float& q) {
-        p = to_float(target[b * t_sb + j * t_sg + token]);
-        q = to_float(draft[b * q_sb + j * q_sg + token]);
+        p = rows.target_prob(b, j)(to_float(rows.target_row(b, j)[token]));
+        q = rows.draft_prob(b, j)(to_float(rows.draft_row(b, j)[token]));
       },
       &s_first);
   const bool rejected = a < n;  // a < n <= G: draft row a exists
-  const T* p_row = target + b * t_sb + a * t_sg;
-  const T* q_row = rejected ? draft + b * q_sb + a * q_sg : nullptr;  // bonus row: plain p
+  const T* p_row = rows.target_row(b, a);
+  const T* q_row = rejected ? rows.draft_row(b, a) : nullptr;  // bonus row: plain p
+  const Prob prob_p = rows.target_prob(b, a);
+  const Prob prob_q = rejected ? rows.draft_prob(b, a) : prob_p;
   const bool vec = aligned16(p_row) && (q_row == nullptr || aligned16(q_row));
 
   // ---- 2. this chunk's weight totals ---------------------------------------------------
   const int64_t start = split * chunk;
   const int64_t end = min(static_cast<int64_t>(V), start + chunk);
   long long sum_r = 0, sum_p = 0;
-  thread_weight_sums(p_row, q_row, start, end, vec, id, id, Difference{}, sum_r, sum_p);
+  thread_weight_sums(p_row, q_row, start, end, vec, prob_p, prob_q, Difference{}, sum_r, sum_p);
   block_sum2(sum_r, sum_p, sum_scratch);
 
   // ---- 3. publish them; elect the last block of row b ---------------------------------
@@ -203,8 +212,8 @@ rejection_sample_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg
       const int64_t c_start = c * chunk;
       const int64_t c_end = min(static_cast<int64_t>(V), c_start + chunk);
       const T* q_search = use_r ? q_row : nullptr;  // the fallback searches p's weights
-      token = block_find_crossing(p_row, q_search, c_start, c_end, vec, id, id, Difference{}, threshold, base,
-                                  scan_scratch, &s_found);
+      token = block_find_crossing(p_row, q_search, c_start, c_end, vec, prob_p, prob_q, Difference{}, threshold,
+                                  base, scan_scratch, &s_found);
       if (token < 0) token = c_end - 1;  // unreachable: the chunk total exceeds threshold - base
     } else {
       token = V - 1;
@@ -214,23 +223,33 @@ rejection_sample_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg
   // ---- 7. re-zero the workspace, write the outputs ------------------------------------
   __syncthreads();  // every read of row_totals above is done
   for (int k = threadIdx.x; k < splits; k += kThreads) __stcg(&row_totals[k], make_longlong2(0, 0));
+  rows.release(b, n);
   if (threadIdx.x == 0) counters[b] = 0;  // all `splits` blocks of row b have counted
   write_row(draft_tokens, out_tokens, num_accepted, b, G, a, clamp_token(token, V));
 }
 
+// rejection_sample: p and q are the probability rows.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM)
+rejection_sample_kernel(ProbRows<T> rows, const int64_t* __restrict__ draft_tokens,
+                        const int64_t* __restrict__ num_draft_tokens, Randomness rnd,
+                        int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted, longlong2* totals,
+                        unsigned int* counters, int64_t ws_stride, int G, int V, int64_t chunk) {
+  rejection_body<T>(rows, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, totals, counters, ws_stride,
+                    G, V, chunk);
+}
+
 // ---------------------------------------------------------------------------------------
-// rejection_sample_logits: grid (B, 2G+1, splits)
+// rejection_sample_logits: two launches, grid (B, 2G+1, stats splits) then (B, splits)
 //
 // p = softmax(target / T) and q = softmax(draft / T) in fp32 are never written to memory.
 // Acceptance needs the softmax statistics (max m, sum s of exp(x/T - m)) of every target
-// row 0..n_b and draft row 0..n_b-1 before anything else can happen, so, still in ONE launch:
-//   * block (split, r, b) reduces chunk `split` of row r (r <= G: target row r; r > G: draft
-//     row r-G-1; rows the batch row does not use exit at once and are not counted) to a
-//     partial (m, s) in the workspace;
-//   * the last of the row's splits * (2 n_b + 1) blocks (atomic counter, fences) merges the
-//     partials of each row in a fixed order (one warp per row), decides the drafts, and
-//     draws the final token itself over the one final row: a block-wide weight-sum pass
-//     over V, then the inverse-CDF scan (block_find_crossing) over V.
+// row 0..n_b and draft row 0..n_b-1, so softmax_stats_kernel (softmax_stats.cu) reduces every
+// used row per V-chunk and merges each row's partials in a fixed order first. Then this kernel
+// is rejection_sample_kernel on P(x) = expf(x/T - m)/s read on the fly (LogitRows): every
+// block of a row decides the drafts itself, sums its chunk of the final row pair, and the
+// row's last block draws from the chunk totals and rescans one chunk. So each logits row is
+// read once for its statistics and the final pair once more: no block walks all of V alone.
 // Each probability is exp(x/T - m) / s as torch computes it, but m and s come from a
 // different reduction order, so p and q can differ from the reference's in the last ulps:
 // results equal the reference's except when a decision sits within ~1e-6 (relative) of a
@@ -238,103 +257,15 @@ rejection_sample_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg
 // Rows whose softmax is NaN in torch (a NaN or +inf in x/T, or x/T all -inf) are NaN
 // everywhere here too (m = s = NaN): no draft is accepted on them and their weights are 0.
 // ---------------------------------------------------------------------------------------
-
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-rejection_sample_logits_kernel(const T* __restrict__ target, int64_t t_sb, int64_t t_sg, const T* __restrict__ draft,
-                               int64_t q_sb, int64_t q_sg, const int64_t* __restrict__ draft_tokens,
-                               const int64_t* __restrict__ num_draft_tokens, float temperature,
-                               const float* __restrict__ temperatures, Randomness rnd,
-                               int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted, float2* stats,
-                               unsigned int* counters, int64_t ws_stride, int G, int V, int64_t chunk) {
-  extern __shared__ float2 merged[];  // [2G+1]: the row's merged (m, s), last block only
-  __shared__ float scratch_m[kWarps], scratch_s[kWarps];
-  __shared__ long long sum_scratch[kWarps][2];
-  __shared__ long long scan_scratch[kWarps];
-  __shared__ int s_first;
-  __shared__ bool s_is_last;
-  __shared__ long long s_found;
-
-  const int64_t b = blockIdx.x;
-  const int r = static_cast<int>(blockIdx.y);
-  const int64_t split = blockIdx.z;
-  const int R = 2 * G + 1;
-  const int splits = static_cast<int>(gridDim.z);
-  const int n = drafts_in_row(num_draft_tokens, b, G);
-  // Rows past the batch row's drafts are never looked at: the whole block leaves before any
-  // barrier and is not counted below.
-  if (!logits_row_needed(r, n, G)) return;
-  const float t = temperatures != nullptr ? temperatures[b] : temperature;
-
-  // ---- 1. partial softmax statistics of this chunk of row r ---------------------------
-  {
-    const T* row = r <= G ? target + b * t_sb + r * t_sg : draft + b * q_sb + (r - G - 1) * q_sg;
-    const int64_t start = split * chunk;
-    const int64_t end = min(static_cast<int64_t>(V), start + chunk);
-    const bool vec = aligned16(row);
-    float m, s;  // online max / rescaled sum over this thread's finite x
-    bool bad;    // a NaN or +inf: the whole softmax row is NaN
-    thread_softmax_partial(row, start, end, vec, t, m, s, bad);
-    const float2 part = block_softmax_stats(m, s, bad, scratch_m, scratch_s);
-    if (threadIdx.x == 0) {
-      __stcg(&stats[(b * R + r) * ws_stride + split], part);
-      __threadfence();  // visible device-wide before we count ourselves done
-      const unsigned int blocks_in_row = static_cast<unsigned int>(splits) * static_cast<unsigned int>(2 * n + 1);
-      s_is_last = atomicAdd(&counters[b], 1u) == blocks_in_row - 1u;
-    }
-    __syncthreads();
-    if (!s_is_last) return;  // uniform across the block
-    __threadfence();         // pairs with the writers' fences
-  }
-
-  // ---- 2. last block: merge each used row's partials (one warp per row) ----------------
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int rr = warp; rr < R; rr += kWarps) {
-    if (!logits_row_needed(rr, n, G)) continue;  // warp-uniform
-    const float2 ms = warp_merge_softmax(stats + (b * R + rr) * ws_stride, splits, lane);
-    if (lane == 0) merged[rr] = ms;
-  }
-  __syncthreads();  // merged[] complete; every read of the partials is done
-  for (int idx = threadIdx.x; idx < R * splits; idx += kThreads) {
-    const int rr = idx / splits;
-    if (logits_row_needed(rr, n, G)) {
-      __stcg(&stats[(b * R + rr) * ws_stride + idx % splits], make_float2(0.0f, 0.0f));
-    }
-  }
-
-  // ---- 3. the drafts ------------------------------------------------------------------
-  const int a = first_rejection(
-      draft_tokens, rnd, b, G, n, V,
-      [&](int j, int64_t token, float& p, float& q) {
-        const float2 mt = merged[j], mq = merged[G + 1 + j];
-        p = SoftmaxProb{t, mt.x, mt.y}(to_float(target[b * t_sb + j * t_sg + token]));
-        q = SoftmaxProb{t, mq.x, mq.y}(to_float(draft[b * q_sb + j * q_sg + token]));
-      },
-      &s_first);
-  const bool rejected = a < n;
-  const T* p_row = target + b * t_sb + a * t_sg;
-  const T* q_row = rejected ? draft + b * q_sb + a * q_sg : nullptr;
-  const float2 mp = merged[a];
-  const float2 mq = rejected ? merged[G + 1 + a] : make_float2(0.0f, 1.0f);  // unused for a bonus row
-  const SoftmaxProb prob_p{t, mp.x, mp.y}, prob_q{t, mq.x, mq.y};
-  const bool vec = aligned16(p_row) && (q_row == nullptr || aligned16(q_row));
-
-  // ---- 4. the final draw over the whole final row, by this block ----------------------
-  long long total_r = 0, total_p = 0;
-  thread_weight_sums(p_row, q_row, 0, V, vec, prob_p, prob_q, Difference{}, total_r, total_p);
-  block_sum2(total_r, total_p, sum_scratch);
-  const bool use_r = total_r > 0;
-  const long long total = use_r ? total_r : total_p;
-  long long token = 0;  // no mass at all
-  if (total > 0) {      // uniform
-    const double u = row_uniform(rnd, b, G, G, a, kSaltFinal);
-    const long long threshold = draw_threshold(u, total);  // kept in [0, total - 1] (philox.cuh)
-    token = block_find_crossing(p_row, use_r ? q_row : nullptr, 0, V, vec, prob_p, prob_q, Difference{}, threshold,
-                                0LL, scan_scratch, &s_found);
-    if (token < 0) token = V - 1;  // unreachable: threshold < total
-  }
-  if (threadIdx.x == 0) counters[b] = 0;  // every counted block of row b has counted
-  write_row(draft_tokens, out_tokens, num_accepted, b, G, a, clamp_token(token, V));
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM)
+rejection_sample_logits_kernel(LogitRows<T> rows, const int64_t* __restrict__ draft_tokens,
+                               const int64_t* __restrict__ num_draft_tokens, Randomness rnd,
+                               int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted,
+                               longlong2* totals, unsigned int* counters, int64_t ws_stride, int G, int V,
+                               int64_t chunk) {
+  rejection_body<T>(rows, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, totals, counters, ws_stride,
+                    G, V, chunk);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -357,6 +288,10 @@ void check_common(const char* op, const void* target, const void* draft, const i
   check_arg(reinterpret_cast<uintptr_t>(workspace) % 16 == 0, op, "workspace must be 16-byte aligned");
 }
 
+dim3 grid_of(const plans::Launch& l) {
+  return dim3(static_cast<unsigned>(l.grid[0]), static_cast<unsigned>(l.grid[1]), static_cast<unsigned>(l.grid[2]));
+}
+
 template <typename T>
 void launch_probs_typed(const void* target, int64_t t_sb, int64_t t_sg, const void* draft, int64_t q_sb,
                         int64_t q_sg, const int64_t* draft_tokens, const int64_t* num_draft_tokens,
@@ -364,25 +299,33 @@ void launch_probs_typed(const void* target, int64_t t_sb, int64_t t_sg, const vo
                         unsigned int* counters, int64_t ws_stride, int64_t G, int64_t V, const plans::Plan& plan,
                         cudaStream_t stream) {
   const plans::Launch& l = plan.launches.at(0);
-  const dim3 grid(static_cast<unsigned>(l.grid[0]), static_cast<unsigned>(l.grid[1]), static_cast<unsigned>(l.grid[2]));
-  rejection_sample_kernel<T><<<grid, l.block, l.dynamic_smem, stream>>>(
-      static_cast<const T*>(target), t_sb, t_sg, static_cast<const T*>(draft), q_sb, q_sg, draft_tokens,
-      num_draft_tokens, rnd, out_tokens, num_accepted, totals, counters, ws_stride, static_cast<int>(G),
-      static_cast<int>(V), plan.at("chunk"));
+  const ProbRows<T> rows{static_cast<const T*>(target), t_sb, t_sg, static_cast<const T*>(draft), q_sb, q_sg};
+  rejection_sample_kernel<T><<<grid_of(l), l.block, l.dynamic_smem, stream>>>(
+      rows, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, totals, counters, ws_stride,
+      static_cast<int>(G), static_cast<int>(V), plan.at("chunk"));
 }
 
 template <typename T>
 void launch_logits_typed(const void* target, int64_t t_sb, int64_t t_sg, const void* draft, int64_t q_sb,
                          int64_t q_sg, const int64_t* draft_tokens, const int64_t* num_draft_tokens,
                          float temperature, const float* temperatures, const Randomness& rnd, int64_t* out_tokens,
-                         int64_t* num_accepted, float2* stats, unsigned int* counters, int64_t ws_stride,
-                         int64_t G, int64_t V, const plans::Plan& plan, cudaStream_t stream) {
-  const plans::Launch& l = plan.launches.at(0);
-  const dim3 grid(static_cast<unsigned>(l.grid[0]), static_cast<unsigned>(l.grid[1]), static_cast<unsigned>(l.grid[2]));
-  rejection_sample_logits_kernel<T><<<grid, l.block, l.dynamic_smem, stream>>>(
-      static_cast<const T*>(target), t_sb, t_sg, static_cast<const T*>(draft), q_sb, q_sg, draft_tokens,
-      num_draft_tokens, temperature, temperatures, rnd, out_tokens, num_accepted, stats, counters, ws_stride,
-      static_cast<int>(G), static_cast<int>(V), plan.at("chunk"));
+                         int64_t* num_accepted, void* workspace, int64_t G, int64_t V, const plans::Plan& plan,
+                         cudaStream_t stream) {
+  auto* base = static_cast<unsigned char*>(workspace);
+  const SoftmaxStatsBuffers stats{reinterpret_cast<float2*>(base + plan.at("partials_offset")),
+                                  reinterpret_cast<float2*>(base + plan.at("merged_offset")),
+                                  reinterpret_cast<unsigned int*>(base + plan.at("stats_counters_offset")),
+                                  plan.at("stats_stride")};
+  launch_softmax_stats(target, t_sb, t_sg, draft, q_sb, q_sg, RowCounts{num_draft_tokens, true, 1}, temperature,
+                       temperatures, 1, stats, G, V, plan.at("stats_chunk"), dtype_of<T>(), plan.launches.at(0),
+                       stream);
+  const plans::Launch& l = plan.launches.at(1);
+  const LogitRows<T> rows{static_cast<const T*>(target), t_sb, t_sg, static_cast<const T*>(draft), q_sb, q_sg,
+                          stats.merged, static_cast<int>(G), temperature, temperatures, 1};
+  rejection_sample_logits_kernel<T><<<grid_of(l), l.block, l.dynamic_smem, stream>>>(
+      rows, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, reinterpret_cast<longlong2*>(base),
+      reinterpret_cast<unsigned int*>(base + plan.at("counters_offset")), plan.at("ws_stride"), static_cast<int>(G),
+      static_cast<int>(V), plan.at("chunk"));
 }
 
 }  // namespace
@@ -437,18 +380,10 @@ void launch_rejection_sample(const void* target_probs, int64_t target_stride_b, 
 
 namespace specdec {
 
-namespace {
-constexpr int64_t kMaxLogitsDrafts = 2047;  // 2G+1 merged (m, s) pairs in 48 KB of shared memory
-static_assert(kMaxLogitsDrafts == plans::kRejectionMaxLogitsDrafts, "launch_plan.h mirrors the draft limit");
-}  // namespace
-
 uint64_t rejection_sample_logits_workspace_bytes(int64_t B, int64_t G, int64_t V) {
-  check_arg(B >= 0 && G >= 0 && G <= kMaxLogitsDrafts && V >= 1 && V < kMaxVocab, "rejection_sample_logits",
-            "need B >= 0, 0 <= G <= 2047 and V in [1, 2^23)");
-  return static_cast<uint64_t>(B) * static_cast<uint64_t>(2 * G + 1) *
-             static_cast<uint64_t>(plans::rejection_max_splits(V)) *
-             sizeof(float2) +
-         static_cast<uint64_t>(B) * sizeof(unsigned int);
+  check_arg(B >= 0 && G >= 0 && V >= 1 && V < kMaxVocab, "rejection_sample_logits",
+            "need B >= 0, G >= 0 and V in [1, 2^23)");
+  return static_cast<uint64_t>(plans::rejection_logits_layout(B, G, V).bytes);
 }
 
 void launch_rejection_sample_logits(const void* target_logits, int64_t target_stride_b, int64_t target_stride_g,
@@ -464,29 +399,26 @@ void launch_rejection_sample_logits(const void* target_logits, int64_t target_st
   check_arg(plan.ok(), op, plan.refusal.c_str());
   check_common(op, target_logits, draft_logits, draft_tokens, out_tokens, num_accepted, workspace, B, G, V, dtype);
   if (B == 0) return;
-
-  const int64_t ws_stride = plan.at("ws_stride");
-  auto* stats = static_cast<float2*>(workspace);
-  auto* counters = reinterpret_cast<unsigned int*>(stats + B * (2 * G + 1) * ws_stride);
-  if (plan.at("splits") > ws_stride) throw std::logic_error("rejection_sample_logits: bad split plan");
+  if (plan.at("splits") > plan.at("ws_stride") || plan.at("stats_splits") > plan.at("stats_stride")) {
+    throw std::logic_error("rejection_sample_logits: bad split plan");
+  }
   const Randomness rnd{uniforms, uniforms_float64, seed, seeds, offsets};
-
   switch (dtype) {
     case kFloat32:
       launch_logits_typed<float>(target_logits, target_stride_b, target_stride_g, draft_logits, draft_stride_b,
                                  draft_stride_g, draft_tokens, num_draft_tokens, temperature, temperatures, rnd,
-                                 out_tokens, num_accepted, stats, counters, ws_stride, G, V, plan, stream);
+                                 out_tokens, num_accepted, workspace, G, V, plan, stream);
       break;
     case kFloat16:
       launch_logits_typed<__half>(target_logits, target_stride_b, target_stride_g, draft_logits, draft_stride_b,
                                   draft_stride_g, draft_tokens, num_draft_tokens, temperature, temperatures, rnd,
-                                  out_tokens, num_accepted, stats, counters, ws_stride, G, V, plan, stream);
+                                  out_tokens, num_accepted, workspace, G, V, plan, stream);
       break;
     default:
       launch_logits_typed<__nv_bfloat16>(target_logits, target_stride_b, target_stride_g, draft_logits,
                                          draft_stride_b, draft_stride_g, draft_tokens, num_draft_tokens,
-                                         temperature, temperatures, rnd, out_tokens, num_accepted, stats, counters,
-                                         ws_stride, G, V, plan, stream);
+                                         temperature, temperatures, rnd, out_tokens, num_accepted, workspace, G, V,
+                                         plan, stream);
       break;
   }
   SPECDEC_CUDA_CHECK(cudaGetLastError());

@@ -2,8 +2,9 @@
 // Host launchers of speculative sampling on chain drafts (csrc/rejection_sample.cu).
 // Plain C++ types only, so the bindings build with the host compiler.
 //
-// Like every launcher here: exactly one kernel on `stream`, no synchronisation, no
-// allocation (CUDA-graph capturable). Bad arguments throw std::invalid_argument; CUDA
+// Like every launcher here: kernels on `stream` only (rejection_sample one, rejection_sample_logits
+// two: softmax statistics, then sampling), no synchronisation, no allocation (CUDA-graph
+// capturable). Bad arguments throw std::invalid_argument; CUDA
 // errors throw std::runtime_error.
 //
 // Shared conventions (see specdec_kernels.reference.chain_verify for the semantics):
@@ -44,8 +45,7 @@ uint64_t rejection_sample_logits_workspace_bytes(int64_t B, int64_t G, int64_t V
 
 // target_logits [B, G+1, V], draft_logits [B, G, V]; p = softmax(target / T), q =
 // softmax(draft / T) in float32 with T = temperatures[b] (float32 [B] contiguous) when
-// temperatures != null, else `temperature`. G <= 2047 (the merged softmax statistics of a
-// batch row live in shared memory).
+// temperatures != null, else `temperature`. 2G + 1 <= 65535 (the statistics launch's grid y).
 void launch_rejection_sample_logits(const void* target_logits, int64_t target_stride_b, int64_t target_stride_g,
                                     const void* draft_logits, int64_t draft_stride_b, int64_t draft_stride_g,
                                     const int64_t* draft_tokens, const int64_t* num_draft_tokens,

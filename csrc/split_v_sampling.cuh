@@ -96,13 +96,18 @@ __device__ __forceinline__ long long block_exclusive_scan(long long v, long long
 // Probability transforms: what a loaded element x means as a probability
 // ---------------------------------------------------------------------------------------
 
-// The probability kernels: the loaded value itself.
+// The probability kernels: the loaded value itself. kSlotsInFlight: the 16-byte slots a
+// thread's weight-sum loop keeps loading at once (its unroll).
 struct Identity {
+  static constexpr int kSlotsInFlight = 4;
   __device__ __forceinline__ float operator()(float x) const { return x; }
 };
 
-// One softmax row: P(x) = exp(x / t - m) / s, fp32, as torch.softmax(x.float() / t).
+// One softmax row: P(x) = exp(x / t - m) / s, fp32, as torch.softmax(x.float() / t). Two
+// slots in flight: each element costs two divisions and an exp, and at 64 registers a thread
+// (rejection_sample's four CTAs per SM) four 16-bit slots of a row pair spill.
 struct SoftmaxProb {
+  static constexpr int kSlotsInFlight = 2;
   float t, m, s;
   __device__ __forceinline__ float operator()(float x) const { return expf(x / t - m) / s; }
 };
@@ -146,6 +151,23 @@ __device__ __forceinline__ void load_weights(const T* p_row, const T* q_row, int
   }
 }
 
+// The weights a search walks for the elements [i, i + K): w_r when q_row is not null, else w_p
+// (load_weights' values; one array, so a search keeps K weights live across its block scan, not 2K).
+template <typename T, typename Prob, typename Resid>
+__device__ __forceinline__ void load_search_weights(const T* p_row, const T* q_row, int64_t i, int64_t end, bool vec,
+                                                    const Prob& prob_p, const Prob& prob_q, const Resid& resid,
+                                                    int64_t (&w)[Vec16<T>::kElems]) {
+  constexpr int K = Vec16<T>::kElems;
+  float p[K], q[K] = {};
+  load_values(p_row, i, end, vec, p);
+  if (q_row != nullptr) load_values(q_row, i, end, vec, q);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const float pp = prob_p(p[k]);
+    w[k] = i + k >= end ? 0 : (q_row != nullptr ? resid(pp, prob_q(q[k])) : to_weight(pp));
+  }
+}
+
 // Per-thread sums of w_r and w_p over [start, end); slots of K elements are dealt to the
 // threads round-robin (the order does not matter: integer sums).
 template <typename T, typename Prob, typename Resid>
@@ -154,7 +176,7 @@ __device__ __forceinline__ void thread_weight_sums(const T* p_row, const T* q_ro
                                                    const Resid& resid, long long& sum_r, long long& sum_p) {
   constexpr int K = Vec16<T>::kElems;
   const int64_t slots = (end - start + K - 1) / K;
-#pragma unroll 4  // independent iterations: lets the loads of several slots be in flight at once
+#pragma unroll(Prob::kSlotsInFlight)  // independent iterations: the loads of several slots in flight at once
   for (int64_t s = threadIdx.x; s < slots; s += kThreads) {
     int64_t w_r[K], w_p[K];
     load_weights(p_row, q_row, start + s * K, end, vec, prob_p, prob_q, resid, w_r, w_p);
@@ -182,18 +204,18 @@ __device__ __forceinline__ int64_t block_find_crossing(const T* p_row, const T* 
   const int64_t slots = (end - start + K - 1) / K;
   for (int64_t tile = 0; tile < slots; tile += kThreads) {  // uniform trip count
     const int64_t i = start + (tile + threadIdx.x) * K;     // >= end for idle threads: weights 0
-    int64_t w_r[K], w_p[K];
-    load_weights(p_row, q_row, i, end, vec, prob_p, prob_q, resid, w_r, w_p);
+    int64_t w[K];
+    load_search_weights(p_row, q_row, i, end, vec, prob_p, prob_q, resid, w);
     long long local = 0;
 #pragma unroll
-    for (int k = 0; k < K; ++k) local += q_row != nullptr ? w_r[k] : w_p[k];
+    for (int k = 0; k < K; ++k) local += w[k];
     long long tile_total;
     long long cum = carry + block_exclusive_scan(local, scan_scratch, tile_total);
     // Cumulative weights never decrease, so exactly one thread owns the crossing (if any).
     if (cum <= threshold && threshold < cum + local) {
 #pragma unroll
       for (int k = 0; k < K; ++k) {
-        cum += q_row != nullptr ? w_r[k] : w_p[k];
+        cum += w[k];
         if (cum > threshold) {
           *s_found = i + k;
           break;

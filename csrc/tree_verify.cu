@@ -17,7 +17,7 @@
 // it from p and the rejected siblings' q rows (tree_residual.cuh), so the only
 // buffer is a rank table of B * N * 2 int64 (the rejected child and the total
 // after it, per sibling rank), whatever V. The k-th rejection at a node reads
-// k + 1 rows; see specdec_kernels/triton/tree_verify.py for the traffic
+// k + 1 rows; see specdec_kernels/triton/tree_rejection.py for the traffic
 // trade-off against a stored residual row.
 // siblings = without replacement (tree_rejection_sampled_kernel): the same walk,
 // plan and rank table, but a node's children share the node's own draft row and
@@ -29,7 +29,8 @@
 // next test and every later residual value), i.e. blocks waiting for each other
 // inside one launch, which is only safe with guaranteed co-residency
 // (cooperative launch, or an sm_90 cluster per row) or with per-row work
-// stealing over the V-chunks of each stage (triton/tree_verify.py): a later step.
+// stealing over the V-chunks of each stage, which the Triton kernel does
+// (specdec_kernels/triton/tree_rejection.py): its CUDA twin is a later step.
 
 #include <algorithm>
 #include <cmath>

@@ -71,6 +71,30 @@ def test_tree_attention_bench_smoke(tmp_path):
     assert "| B | P | N |" in (tmp_path / "tree_attention.md").read_text()
 
 
+def test_tree_attention_bench_writes_each_row_as_it_goes(tmp_path, monkeypatch):
+    """Rows reach OUT/tree_attention.jsonl while the run goes on, and a run stopped part-way (Ctrl-C, or
+    `timeout`'s SIGTERM) still writes its report of the rows so far."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import bench_tree_attention as bta
+
+    seen = []  # rows on disk when each case starts
+    real = bta.measure
+
+    def measure(case, impls, *args, **kwargs):
+        path = tmp_path / "tree_attention.jsonl"
+        seen.append(len(path.read_text().splitlines()))
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+        return real(case, impls, *args, **kwargs)
+
+    monkeypatch.setattr(bta, "measure", measure)
+    assert bta.main(["--smoke", "--impls", "torch", "sdpa", "--out", str(tmp_path)]) == 130
+    first_case_rows = 2  # torch and sdpa on the first (contiguous) case
+    assert seen == [0, first_case_rows, first_case_rows + 1]  # the second case is paged: torch only
+    rows = json.loads((tmp_path / "tree_attention.json").read_text())["rows"]
+    assert len(rows) == seen[-1] and "| B | P | N |" in (tmp_path / "tree_attention.md").read_text()
+
+
 def test_specdec_sweep_smoke(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "bench/sweep_specdec.py"), "--smoke", "--out", str(tmp_path)],
                    check=True, capture_output=True, text=True)

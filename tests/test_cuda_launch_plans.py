@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from specdec_kernels.common import cuda_module as _cuda_module
+from specdec_kernels.common.auto_table import auto_order
 from specdec_kernels.common import registry
 
 _C = _cuda_module.load()
@@ -192,24 +193,49 @@ def test_max_prob_plans(compiled, arch, R, V):
         assert not served(p), p
 
 
+MAX_CHUNK = 8192  # launch_plan.h kSamplingMaxChunk: the most elements a sampling kernel's last block rescans
+
+
+def assert_residency(compiled, arch, p):
+    """The sampling kernel's registers let `ctas_per_sm` CTAs share an SM: the residency its split
+    plan fills in one wave (at 80 registers rejection_sample fit 3 of the 4 it planned)."""
+    lim = _C.launch_limits(arch)
+    launch = p["launches"][-1]
+    regs, _ = compiled[(arch, launch["kernel"])]
+    per_thread = -(-regs // 8) * 8
+    assert per_thread * launch["block"] * p["ctas_per_sm"] <= lim["regs_per_sm"], (launch, regs, p["ctas_per_sm"])
+
+
 @SETTINGS
 @given(arch=st.sampled_from(ARCHS), kernel=st.sampled_from(["rejection_sample", "rejection_sample_logits"]),
        B=BATCH, G=st.integers(0, 2**20 + 2), V=st.integers(1, 2**23 + 2))
 @example(arch=90, kernel="rejection_sample", B=70000, G=4, V=151936)
-@example(arch=80, kernel="rejection_sample_logits", B=70000, G=2047, V=2**23 - 1)
+@example(arch=80, kernel="rejection_sample_logits", B=70000, G=32767, V=2**23 - 1)
+@example(arch=80, kernel="rejection_sample_logits", B=3, G=32768, V=100)
 def test_rejection_sample_plans(compiled, arch, kernel, B, G, V):
     p = plan(kernel, arch, B=B, G=G, V=V)
     assert_fits(p, arch, compiled)
-    most_g = 2047 if kernel == "rejection_sample_logits" else 2**20
-    assert served(p) == (G <= most_g and V < 2**23), p
+    # the logits op's statistics launch has a CTA row per target and draft row in grid y
+    rows_ok = 2 * G + 1 <= GRID_YZ if kernel == "rejection_sample_logits" else True
+    assert served(p) == (G <= 2**20 and rows_ok and V < 2**23), p
     if served(p) and B:
         assert 1 <= p["splits"] <= p["ws_stride"]  # the workspace holds every split
+        assert (p["splits"] - 1) * p["chunk"] < V <= p["splits"] * p["chunk"] and p["chunk"] <= MAX_CHUNK
+        assert p["launches"][-1]["grid"] == (B, p["splits"], 1)
+        assert_residency(compiled, arch, p)
+        if kernel == "rejection_sample_logits":  # statistics, then sampling: two launches
+            assert [launch["kernel"] for launch in p["launches"]] == ["softmax_stats_kernel",
+                                                                     "rejection_sample_logits_kernel"]
+            assert p["launches"][0]["grid"] == (B, 2 * G + 1, p["stats_splits"])
+            assert 1 <= p["stats_splits"] <= p["stats_stride"]
+            assert p["workspace_bytes"] == _C.rejection_sample_logits_workspace_bytes(B, G, V)
 
 
 @SETTINGS
 @given(arch=st.sampled_from(ARCHS), kernel=st.sampled_from(["block_verify", "block_verify_logits"]),
        B=BATCH, G=st.integers(0, 70000), V=st.integers(1, 2**23 + 2))
 @example(arch=90, kernel="block_verify", B=70000, G=4, V=151936)
+@example(arch=90, kernel="block_verify", B=64, G=4, V=128256)  # was one 64K-element chunk per CTA
 @example(arch=80, kernel="block_verify_logits", B=1, G=32767, V=2**23 - 1)
 def test_block_verify_plans(compiled, arch, kernel, B, G, V):
     p = plan(kernel, arch, B=B, G=G, V=V)
@@ -217,9 +243,14 @@ def test_block_verify_plans(compiled, arch, kernel, B, G, V):
     rows = G + 1 if kernel == "block_verify" else 2 * G + 1  # grid y of the widest launch
     assert served(p) == (rows <= GRID_YZ and V < 2**23), p
     if served(p) and B:
-        assert 1 <= p["splits"] <= p["ws_stride"] <= 64  # the workspace holds every split
+        # the workspace holds every split: 64 slots, or more where 8192-element chunks need them
+        assert 1 <= p["splits"] <= p["ws_stride"] <= max(64, -(-V // MAX_CHUNK))
         assert p["launches"][-1]["grid"] == (B, G + 1, p["splits"])
         assert (p["splits"] - 1) * p["chunk"] < V <= p["splits"] * p["chunk"]  # every CTA owns elements
+        assert p["chunk"] <= MAX_CHUNK  # the last block's rescan is one small chunk at any B
+        assert_residency(compiled, arch, p)
+        if kernel == "block_verify_logits":
+            assert p["launches"][0]["kernel"] == "softmax_stats_kernel"
 
 
 # ---------------------------------------------------------------------------------- kv_compact
@@ -333,7 +364,8 @@ ROUTES = [
     ("tree_greedy_verify", dict(B=1, N=70000, V=32000, depth=8, dtype=torch.float16), False),
     ("rejection_sample", dict(B=10**5, G=4, V=32000, dtype=torch.float32), True),
     ("rejection_sample", dict(B=1, G=4, V=2**23, dtype=torch.float32), False),
-    ("rejection_sample_logits", dict(B=1, G=2048, V=32000, dtype=torch.float32), False),
+    ("rejection_sample_logits", dict(B=1, G=2048, V=32000, dtype=torch.float32), True),
+    ("rejection_sample_logits", dict(B=1, G=32768, V=32000, dtype=torch.float32), False),  # 2G + 1 > grid y
     ("block_verify", dict(B=10**5, G=4, V=151936, dtype=torch.bfloat16), True),
     ("block_verify", dict(B=1, G=4, V=2**23, dtype=torch.float32), False),
     ("block_verify_logits", dict(B=2, G=4, V=151936, dtype=torch.float16), True),
@@ -355,10 +387,12 @@ def test_auto_routes_a_refused_shape_elsewhere(pretend_gpu, op, sizes, ok):
     import specdec_kernels.ops  # noqa: F401  (registers every backend)
 
     chosen = registry.resolve(op, "auto", GPU, sizes=sizes)
+    order = auto_order(op, sizes)  # the kernel backends the GPU measurements rank for this op and batch
     if ok:
-        assert chosen == "cuda"
+        assert registry.resolve(op, "cuda", GPU, sizes=sizes) == "cuda"
+        assert chosen == next((b for b in order if registry.refusal(op, b, sizes) is None), "torch")
     else:
-        assert chosen in ("triton", "torch")
+        assert chosen != "cuda" and chosen in (*order, "torch")
         with pytest.raises(ValueError, match="the 'cuda' backend cannot serve this call"):
             registry.resolve(op, "cuda", GPU, sizes=sizes)
 

@@ -52,7 +52,7 @@ def test_every_kernel_family_is_built_for_both_archs(kernels):
                 "rejection_sample_logits_kernel", "tree_greedy_verify_kernel", "tree_rejection_sample_kernel",
                 "tree_rejection_sampled_kernel",
                 "kv_compact_kernel", "early_exit_split_kernel", "early_exit_merge_kernel",
-                "block_verify_kernel", "block_verify_logits_kernel", "block_verify_stats_kernel")
+                "block_verify_kernel", "block_verify_logits_kernel", "softmax_stats_kernel")
     for family in families:
         assert {row["arch"] for row in kernels if family in row["name"]} >= ARCHS, family
 

@@ -93,11 +93,15 @@ def test_the_first_call_dry_run_leaves_its_eight_files(tmp_path):
         assert ops_run[0] == changes["changed"][0].split("/")[0]
     assert sum(row["status"] == "pass" for row in checks if row.get("op") == "engine") == 6  # every strategy vs HF
     probe = records(tmp_path / "probe.jsonl")
-    assert {row["section"] for row in probe} == {"facts", "verify", "attention", "kv", "exit", "done"}
+    assert {row["section"] for row in probe} == {"facts", "verify", "attention", "kv", "exit", "targets", "done"}
     assert not [row for row in probe if "error" in row or row.get("exact") is False or row.get("ok") is False]
     assert [row for row in probe if row["section"] == "verify"][0]["op"] == "block_verify"  # never timed on a GPU
     attention = {(row["B"], row["P"], row["impl"]) for row in probe if row["section"] == "attention"}
     assert len({(b, p) for b, p, _ in attention}) == 2 and {impl for _, _, impl in attention} >= {"sdpa", "triton"}
+    targets = [row for row in probe if row["section"] == "targets"]  # bench/_probe_targets.py, run or skipped
+    assert {row["target"].split(" ")[0] for row in targets} >= {"host", "rejection_sample_logits",
+                                                               "tree_rejection_sample", "early_exit_topk",
+                                                               "tree_attention"} or any("skipped" in r for r in targets)
     suite = ET.parse(tmp_path / "pytest_gpu.xml").getroot()
     assert sum(int(s.get("tests", 0)) for s in suite.iter("testsuite")) > 100  # collected, skipped without a GPU
     e2e = records(tmp_path / "e2e.jsonl")

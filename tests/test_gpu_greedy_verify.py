@@ -117,10 +117,13 @@ def test_catalog_case(case, backend):
     check_case(case, backend, "cuda", profile=gpu_profile(), graphs=True)
 
 
-def test_auto_backend_is_cuda():
+def test_auto_backend_follows_the_measurements():
+    """common/auto_table.py: Triton measured the faster at B=1, CUDA at B=64."""
     from specdec_kernels import ops
 
-    assert ops.resolve("greedy_verify", "auto", torch.device("cuda")) == "cuda"
+    sizes = dict(G=4, V=128256, dtype=torch.bfloat16)
+    assert ops.resolve("greedy_verify", "auto", torch.device("cuda"), sizes=dict(B=1, **sizes)) == "triton"
+    assert ops.resolve("greedy_verify", "auto", torch.device("cuda"), sizes=dict(B=64, **sizes)) == "cuda"
 
 
 # ----------------------------------------------------------------------------

@@ -289,7 +289,11 @@ def test_logits_strided_workspace_and_graph():
     assert cached_workspaces_are_zero()
 
 
-def test_auto_backend_is_cuda():
+def test_auto_backend_follows_the_measurements():
+    """common/auto_table.py: rejection_sample Triton at every batch; rejection_sample_logits torch at B=1
+    (both kernels measured slower than torch there), CUDA at B=64."""
     dev = torch.device(DEV)
-    assert ops.resolve("rejection_sample", "auto", dev) == "cuda"
-    assert ops.resolve("rejection_sample_logits", "auto", dev) == "cuda"
+    sizes = dict(G=4, V=128256, dtype=torch.bfloat16)
+    assert ops.resolve("rejection_sample", "auto", dev, sizes=dict(B=64, **sizes)) == "triton"
+    assert ops.resolve("rejection_sample_logits", "auto", dev, sizes=dict(B=1, **sizes)) == "torch"
+    assert ops.resolve("rejection_sample_logits", "auto", dev, sizes=dict(B=64, **sizes)) == "cuda"

@@ -21,6 +21,7 @@ from specdec_kernels import ops, reference
 from specdec_kernels.common import workspace as _workspace
 from specdec_kernels.reference import block_verification as spec
 from specdec_kernels.selftest.cases_chain import hostile_block_probs
+from specdec_kernels.triton import _split_plans
 from specdec_kernels.triton import block_verify as probs_module
 from specdec_kernels.triton import block_verify_logits as logits_module
 
@@ -182,13 +183,11 @@ def test_split_plans(batch, g, vocab):
     over about TARGET_PROGRAMS programs, and the workspace is
     16 * B * (g + 1) * splits bytes of int64 chunk totals (+ 4 B of tickets)."""
     rows = batch * (g + 1)
-    block_v, tiles, splits = probs_module._split_plan(rows, vocab, probs_module.BLOCK_V, probs_module.MIN_TILES,
-                                                      probs_module.MAX_TILES, probs_module.TARGET_PROGRAMS)
-    most = probs_module._split_plan(1, vocab, block_v, probs_module.MIN_TILES, probs_module.MAX_TILES,
-                                    probs_module.TARGET_PROGRAMS)[2]
+    block_v, tiles, splits = _split_plans.sampling_plan(rows, vocab)
+    most = _split_plans.most_sampling_splits(vocab)
     num_tiles = -(-vocab // block_v)
     assert (splits - 1) * tiles < num_tiles <= splits * tiles  # every split owns at least one tile
-    assert tiles <= probs_module.MAX_TILES and splits <= most < 65535
+    assert tiles <= _split_plans.MAX_TILES and splits <= most < 65535
     workspace = rows * splits * 2 * 8
     expected = {(1, 4, 151936): (3, 50, 4000),  # 250 programs of 3 tiles; 4 KB of chunk totals
                 (64, 7, 151936): (8, 19, 155648)}  # 9728 programs of 8 tiles; 152 KB

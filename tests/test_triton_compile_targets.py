@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CAPABILITIES = (80, 90)
 SHARED_BYTES = {80: 163 * 1024, 90: 227 * 1024}  # opt-in dynamic shared memory per block
 MODULES = ("early_exit_topk", "kv_compact", "logit_verify", "rejection_sample", "rejection_sample_logits",
-           "tree_attention", "tree_verify", "block_verify", "block_verify_logits")
+           "tree_attention", "tree_verify", "tree_rejection", "block_verify", "block_verify_logits",
+           "_softmax_stats")
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +60,24 @@ def test_every_kernel_compiles_for_both_targets(compiled):
         assert {row["kernel"] for row in compiled if row["capability"] == cap} == expected, cap
 
 
+# Stack bytes a kernel may use on sm_90. The tree sampling walk keeps its completer's serial state
+# (the node, rank, totals, pointers) through the claim loop: ptxas spills a few of those scalars
+# once per call and reloads them outside the passes' tile loops (the SASS shows the loads on the
+# exit path and at the walk's start), so they cost nothing per vocabulary tile.
+STACK_LIMIT = {"tree_rejection._tree_rejection_kernel": 32}
+
+
 def test_no_spills_on_the_h100_target(compiled):
     """sm_90: nothing in local memory; no stack at all in the bandwidth-bound 16-bit attention and
-    early-exit kernels, at most a few spilled scalars (16 bytes) elsewhere. The fp32 tree-attention
-    path (IEEE fp32 dots on the FMA units, a correctness path) may spill."""
+    early-exit kernels, at most a few spilled scalars (16 bytes; STACK_LIMIT) elsewhere. The fp32
+    tree-attention path (IEEE fp32 dots on the FMA units, a correctness path) may spill."""
     for row in compiled:
         if "stack" not in row or row["capability"] != 90:  # cuobjdump ships with triton; else compile only
             continue
         sixteen_bit = "bfloat16" in row["case"] or "float16" in row["case"]
         if row["op"] == "tree_attention" and not sixteen_bit:
             continue
-        assert row["local"] == 0 and row["stack"] <= 16, row
+        assert row["local"] == 0 and row["stack"] <= STACK_LIMIT.get(row["kernel"], 16), row
         if sixteen_bit and row["op"] in ("tree_attention", "early_exit_topk"):
             assert row["stack"] == 0, row
 

@@ -18,7 +18,8 @@ from specdec_kernels.triton import _launch
 GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA: grid x, y, z
 H100_SMS = 132
 MODULES = ("early_exit_topk", "kv_compact", "logit_verify", "rejection_sample", "rejection_sample_logits",
-           "tree_attention", "tree_verify", "block_verify", "block_verify_logits")
+           "tree_attention", "tree_verify", "tree_rejection", "block_verify", "block_verify_logits",
+           "_softmax_stats")
 META = torch.device("meta")
 BIG_B = 10**6  # a serving batch far past 65535 rows
 

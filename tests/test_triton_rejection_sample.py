@@ -24,7 +24,7 @@ from catalog_support import catalog_cases, check_case
 from specdec_kernels import ops, reference
 from specdec_kernels.reference import rng
 from specdec_kernels.selftest.cases_chain import edge_probs
-from specdec_kernels.triton import _philox
+from specdec_kernels.triton import _philox, _split_plans
 from specdec_kernels.triton import rejection_sample as triton_module
 
 pytestmark = [
@@ -147,13 +147,13 @@ def test_small_tiles(vocab):
 
 def test_split_plan_uses_static_shapes_only():
     """Many programs per row at small B, chunks of at most MAX_TILES tiles at large B."""
-    block_v, tiles, splits = triton_module._split_plan(1, 151936)
+    block_v, tiles, splits = _split_plans.sampling_plan(1, 151936)
     assert block_v == 1024 and splits * tiles * block_v >= 151936 and (splits - 1) * tiles * block_v < 151936
-    assert splits >= 32 and tiles >= triton_module.MIN_TILES
-    _, tiles, splits = triton_module._split_plan(256, 151936)
-    assert tiles <= triton_module.MAX_TILES and splits * tiles * 1024 >= 151936
-    assert triton_module._split_plan(4, 300) == (512, 1, 1)  # a small V is one chunk
-    assert triton_module._split_plan(1, 300, block_v=16, min_tiles=1) == (16, 1, 19)
+    assert splits >= 32 and tiles >= _split_plans.MIN_TILES
+    _, tiles, splits = _split_plans.sampling_plan(256, 151936)
+    assert tiles <= _split_plans.MAX_TILES and splits * tiles * 1024 >= 151936
+    assert _split_plans.sampling_plan(4, 300) == (512, 1, 1)  # a small V is one chunk
+    assert _split_plans.sampling_plan(1, 300, block_v=16, min_tiles=1) == (16, 1, 19)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

@@ -1,4 +1,5 @@
-"""The Triton verify ops are one launch each and hand their ticket workspace back zeroed.
+"""The Triton verify ops are one launch each (rejection_sample_logits two: softmax statistics,
+then the chain kernel) and hand their ticket workspace back zeroed.
 
 The chain ops (and tree_greedy_verify at small B) split rows over V and let the program
 that draws a row's last ticket finish the row (`specdec_kernels/triton/_tickets.py`).
@@ -7,7 +8,7 @@ Here, with tiles small enough to force 13 splits per row:
 - the ticket counters it used are all zero after the call, and a second call on the same
   workspace gives the same result (a counter left non-zero would elect no last program);
   a mutation check shows that a kernel without the reset fails this;
-- a public op call makes exactly one Triton kernel launch.
+- a public op call makes exactly one Triton kernel launch (rejection_sample_logits: two).
 On the CPU the kernels run under the interpreter. On a GPU the same tests run, plus (marked
 `gpu`) real shapes with the default split plans called 20 times back to back, and a
 CUDA-graph capture and replay of every op.
@@ -28,7 +29,7 @@ pytestmark = [
 ]
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-SPLIT_MODULES = (logit_verify, rejection_sample, rejection_sample_logits, tree_verify, block_verify)
+SPLIT_MODULES = (logit_verify, rejection_sample, tree_verify, block_verify)  # rejection_sample_logits: the chain kernel
 OPS = ("greedy_verify", "relaxed_verify", "bild_verify", "max_prob", "rejection_sample", "rejection_sample_logits",
        "tree_greedy_verify", "block_verify")
 EXACT = {"greedy_verify", "relaxed_verify", "rejection_sample", "tree_greedy_verify", "tree_rejection_sample",
@@ -91,8 +92,8 @@ def forced_split_call(op: str, inputs: dict):
         return block_verify._launch(**inputs, block_v=16, min_tiles=4)
     if op == "tree_greedy_verify":
         return tree_verify._launch_greedy(**inputs, split=True, block_v=16, tiles_per_program=1)
-    if op == "tree_rejection_sample":  # one program per row: nothing to force
-        return tree_verify._launch_rejection(**inputs)
+    if op == "tree_rejection_sample":  # 16-wide tiles, two per chunk: V = 200 in 7 chunks
+        return tree_verify._launch_rejection(**inputs, block_v=16)
     rule = dict(greedy_verify={}, relaxed_verify=dict(top_beta=inputs.get("top_beta"), tau=inputs.get("tau")),
                 bild_verify=dict(threshold=inputs.get("rollback_threshold")))[op]
     mode = dict(greedy_verify=logit_verify.GREEDY, relaxed_verify=logit_verify.RELAXED, bild_verify=logit_verify.BILD)
@@ -150,6 +151,21 @@ def test_counters_are_zero_after_a_call_and_calls_repeat(op, used_counters):
     assert_matches_reference(op, public, inputs)
 
 
+def test_tree_sampling_hands_its_claim_words_back_zeroed():
+    """tree_rejection_sample splits each pass over V across a row's programs, which claim V-chunks
+    from per-row words in the zeroed workspace (triton/tree_rejection.py): the row's last program to
+    leave zeroes them, so calls repeat exactly, forced to 7 chunks or at the default plan."""
+    inputs = make_case("tree_rejection_sample")
+    first = forced_split_call("tree_rejection_sample", inputs)
+    assert all(int(buffer.count_nonzero()) == 0 for buffer in _workspace._zeroed_workspaces.values())
+    second = forced_split_call("tree_rejection_sample", inputs)
+    public = ops.tree_rejection_sample(**inputs, backend="triton")
+    assert all(int(buffer.count_nonzero()) == 0 for buffer in _workspace._zeroed_workspaces.values())
+    for a, b, c in zip(first, second, public):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert_matches_reference("tree_rejection_sample", first, inputs)
+
+
 @triton.jit
 def _no_reset(counter_ptr):
     """A broken `_tickets.reset_ticket` that leaves the counter as it is."""
@@ -185,13 +201,20 @@ def triton_launches(monkeypatch):
     return names
 
 
+# the launches of a call: one kernel, or the logits op's statistics then its chain kernel
+LAUNCHES = dict(rejection_sample_logits=["_softmax_stats_kernel", "_rejection_sample_kernel"])
+
+
 @pytest.mark.parametrize("op", OPS + ("tree_rejection_sample",))
 def test_one_launch_per_call(op, triton_launches):
     inputs = make_case(op)
     getattr(ops, op)(**inputs, backend="triton")
-    assert len(triton_launches) == 1, triton_launches
+    per_call = len(LAUNCHES.get(op, [None]))
+    assert len(triton_launches) == per_call, triton_launches
+    if op in LAUNCHES:
+        assert triton_launches == LAUNCHES[op]
     forced_split_call(op, inputs)
-    assert len(triton_launches) == 2, triton_launches
+    assert len(triton_launches) == 2 * per_call, triton_launches
 
 
 def assert_sampled_rows_agree(got, inputs):
@@ -212,13 +235,14 @@ def assert_sampled_rows_agree(got, inputs):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", OPS + ("tree_rejection_sample",))
 @pytest.mark.parametrize("batch,vocab", [(1, 151936), (8, 32000), (64, 128256)])
 def test_real_shapes_repeat_exactly(op, batch, vocab):
     """Real shapes with the default split plans (50 programs per row for rejection_sample
     at B = 1): the reference's answer, then the same answer on each of 20 back-to-back
     calls with the counters zero after each. This is what exercises the cross-program
-    ticket protocol (stores, barrier, acq_rel atomic, L2 loads) on real hardware."""
+    ticket protocol (stores, barrier, acq_rel atomic, L2 loads) on real hardware, and
+    tree_rejection_sample's chunk claims and stage hand-offs between a row's programs."""
     inputs = make_case(op, batch=batch, vocab=vocab)
     first = as_tuple(getattr(ops, op)(**inputs, backend="triton"))
     if op == "rejection_sample_logits":
@@ -233,7 +257,7 @@ def test_real_shapes_repeat_exactly(op, batch, vocab):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", OPS + ("tree_rejection_sample",))
 def test_cuda_graph_capture_and_replay(op):
     """Captured once, replayed on new inputs: the same answer as the reference each time."""
     inputs = make_case(op)

@@ -26,6 +26,7 @@ from specdec_kernels.selftest.cases_tree import greedy_tokens, make_tree
 from specdec_kernels.selftest.cases_tree import coins as uniforms
 from specdec_kernels.selftest.cases_tree import list_parents as random_parents
 from specdec_kernels.selftest.cases_tree import randomness as all_modes
+from specdec_kernels.triton import tree_rejection as sampling_module
 from specdec_kernels.triton import tree_verify as triton_module
 
 pytestmark = [
@@ -193,8 +194,9 @@ class _AllocationLog(torch.utils._python_dispatch.TorchDispatchMode):
 
 def test_no_allocation_scales_with_batch_times_vocab():
     """The launcher used to allocate an int64 [B, V] residual scratch per call (311 MB at
-    B = 256, V = 151936). Now its buffers depend on (B, N) only: every tensor the call
-    creates stays below one byte per (row, id), at a shape where V dwarfs N."""
+    B = 256, V = 151936). Now its buffers are the rank table, the walk state and the chunk sums
+    (3 int64 per V-chunk of at least 2048 ids): every tensor the call creates stays below one byte
+    per (row, id), at a shape where V dwarfs N."""
     batch, n, vocab = 4, 5, 4096
     gen = torch.Generator().manual_seed(5)
     target, draft, tokens, parents = make_tree(batch, n, vocab, torch.float32, gen)
@@ -206,7 +208,10 @@ def test_no_allocation_scales_with_batch_times_vocab():
     check_outputs(got, want, vocab)
     assert log.sizes, "the log saw no allocation at all (not even the outputs)"
     assert max(log.sizes) < batch * vocab, log.sizes
-    plan = triton_module.rejection_plan(256, 64, 151936)
-    assert plan["grid"] == (256,)
+    plan = sampling_module.rejection_plan(256, 64, 151936)
+    assert plan["grid"] == (256, plan["chunks"]) and plan["chunks"] * plan["tiles"] * plan["block_v"] >= 151936
+    assert plan["tiles"] <= 8  # a chunk of at most 8192 ids: the final draw rescans one
     assert plan["table_bytes"] == 256 * 2 * 64 * 8  # 256 KiB, whatever V (was 256 * 151936 * 8 = 311 MB)
-    assert triton_module.rejection_plan(256, 64, 1)["table_bytes"] == plan["table_bytes"]
+    assert sampling_module.rejection_plan(256, 64, 1)["table_bytes"] == plan["table_bytes"]
+    one = sampling_module.rejection_plan(1, 5, 128256)  # B = 1: the vocabulary over many programs
+    assert one["grid"][1] >= 32 and one["parts_shape"] == (1, one["chunks"], 3)

@@ -31,10 +31,17 @@ their address); the others are evicted oldest first beyond MAX_TABLES. During ca
 stream waits on the upload event (waiting on an event recorded outside the capture is
 invalid in CUDA stream capture) and none is needed: torch.cuda.graph synchronises the
 device before it begins capturing, so every table made before is on the device.
+
+Host cost: working the layout out reads every tensor's address and strides, which for 32
+layers costs more than the launch. Two forms skip it: `LayerStack`, the layers of one
+[L, B, Hkv, S_max, D] tensor (always the fast path, computed from that one tensor), and
+`CheckedCaches`, a list the op has validated, which carries a memo shared by every call
+with the same tensors' metadata (ops/kv_cache.py keys it), so their layout is worked out once.
 """
 
 import collections
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -77,6 +84,70 @@ class CacheLayout:
     vector_bytes: int
 
 
+class LayerStack(Sequence):
+    """The per-layer caches of one [L, B, Hkv, S_max, D] tensor as the sequence the launchers take
+    (len, [layer], iteration), without making L views per call."""
+
+    __slots__ = ("stacked",)
+
+    def __init__(self, stacked: torch.Tensor):
+        self.stacked = stacked
+
+    def __len__(self) -> int:
+        return self.stacked.shape[0]
+
+    def __getitem__(self, layer):
+        return self.stacked[layer]
+
+    def __iter__(self):
+        return iter(self.stacked.unbind(0))
+
+
+class LayoutMemo:
+    """The layout of one validated set of caches, worked out on its first call (see CheckedCaches)."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self):
+        self.plan = None
+
+
+class CheckedCaches(list):
+    """A list of per-layer caches whose metadata (addresses, shapes, strides, dtypes, devices) the op
+    has validated; `memo` is shared by every call whose tensors have the same metadata."""
+
+    __slots__ = ("memo",)
+
+    def __init__(self, caches, memo: LayoutMemo):
+        super().__init__(caches)
+        self.memo = memo
+
+
+class _Hashed:
+    """A table key whose (long) tuple is hashed once, so a memoised lookup costs no rehash."""
+
+    __slots__ = ("value", "hash")
+
+    def __init__(self, value: tuple):
+        self.value, self.hash = value, hash(value)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Hashed) and self.hash == other.hash and self.value == other.value
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a set of caches' layout needs besides the table: the layout (table None), and for the
+    table path the table's rows and key."""
+
+    layout: CacheLayout
+    rows: tuple | None
+    key: _Hashed | None
+
+
 def _uniform_group(caches: list[torch.Tensor]) -> tuple[int, tuple[int, int, int]] | None:
     """(step, strides) when the layers are equally spaced with equal strides, else None."""
     strides = caches[0].stride()[:3]
@@ -98,10 +169,12 @@ def _vector_bytes(values_in_bytes) -> int:
     return common & -common if common else VECTOR_BYTES  # largest power of two dividing it
 
 
-def _table(caches: list[torch.Tensor]) -> torch.Tensor:
-    device = caches[0].device
+def _table_rows(caches: list[torch.Tensor]) -> tuple[tuple, _Hashed]:
     rows = tuple((c.data_ptr(), *c.stride()[:3]) for c in caches)
-    key = (device, caches[0].element_size(), rows)
+    return rows, _Hashed((caches[0].device, caches[0].element_size(), rows))
+
+
+def _table(device: torch.device, rows: tuple, key: _Hashed) -> torch.Tensor:
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     entry = _captured.get(key) or _tables.get(key)
     if entry is None:
@@ -111,7 +184,7 @@ def _table(caches: list[torch.Tensor]) -> torch.Tensor:
                 "so their addresses go to the GPU in a table, and a new table cannot be uploaded during CUDA "
                 "graph capture. Call kv_compact once with the same cache tensors before capturing (warm-up), "
                 "or allocate the caches as one [L, B, Hkv, S_max, D] tensor.")
-        host = torch.tensor(rows, dtype=torch.int64).reshape(len(caches), 4)
+        host = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 4)
         if device.type == "cuda":  # pinned + non_blocking: stream-ordered, no host sync
             host = host.pin_memory()
             stream = torch.cuda.current_stream(device)
@@ -138,10 +211,19 @@ def _table(caches: list[torch.Tensor]) -> torch.Tensor:
     return entry.table
 
 
-def cache_layout(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> CacheLayout:
-    """The CacheLayout of validated caches (equal-length lists, equal shapes and dtype)."""
-    if not k_caches:
-        return CacheLayout(0, None, 0, 0, (0, 0, 0), (0, 0, 0), VECTOR_BYTES)
+def _stacked_layout(keys: torch.Tensor, values: torch.Tensor) -> CacheLayout:
+    """The layout of LayerStacks: layer l of K starts keys.stride(0) elements after layer l - 1 (the
+    step and strides _uniform_group finds for their per-layer views: 0 for one layer)."""
+    layers = keys.shape[0]
+    k_step, v_step = (keys.stride(0), values.stride(0)) if layers > 1 else (0, 0)
+    k_strides, v_strides = keys.stride()[1:4], values.stride()[1:4]
+    elem = keys.element_size()
+    vector = _vector_bytes([keys.data_ptr(), values.data_ptr(), keys.shape[-1] * elem,
+                            *(x * elem for x in (k_step, v_step, *k_strides, *v_strides))])
+    return CacheLayout(layers, None, k_step, v_step, k_strides, v_strides, vector)
+
+
+def _plan(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> _Plan:
     elem = k_caches[0].element_size()
     k_group, v_group = _uniform_group(k_caches), _uniform_group(v_caches)
     caches = [*k_caches, *v_caches]
@@ -150,8 +232,28 @@ def cache_layout(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> 
         (k_step, k_strides), (v_step, v_strides) = k_group, v_group
         vector = _vector_bytes([k_caches[0].data_ptr(), v_caches[0].data_ptr(), row_bytes,
                                 *(x * elem for x in (k_step, v_step, *k_strides, *v_strides))])
-        return CacheLayout(len(k_caches), None, k_step, v_step, k_strides, v_strides, vector)
+        return _Plan(CacheLayout(len(k_caches), None, k_step, v_step, k_strides, v_strides, vector), None, None)
     vector = _vector_bytes([row_bytes, *(c.data_ptr() for c in caches),
                             *(x * elem for c in caches for x in c.stride()[:3])])
-    return CacheLayout(len(k_caches), _table(caches), 0, 0, (0, 0, 0), (0, 0, 0), vector)
+    rows, key = _table_rows(caches)
+    return _Plan(CacheLayout(len(k_caches), None, 0, 0, (0, 0, 0), (0, 0, 0), vector), rows, key)
 
+
+def cache_layout(k_caches, v_caches) -> CacheLayout:
+    """The CacheLayout of validated caches (equal-length lists, equal shapes and dtype; or LayerStacks)."""
+    if isinstance(k_caches, LayerStack):
+        return _stacked_layout(k_caches.stacked, v_caches.stacked)
+    if not k_caches:
+        return CacheLayout(0, None, 0, 0, (0, 0, 0), (0, 0, 0), VECTOR_BYTES)
+    memo = getattr(k_caches, "memo", None)
+    plan = memo.plan if memo is not None else None
+    if plan is None:
+        plan = _plan(k_caches, v_caches)
+        if memo is not None:
+            memo.plan = plan
+    if plan.rows is None:
+        return plan.layout
+    # the table itself is looked up on every call: it orders streams and keeps captured tables
+    table = _table(k_caches[0].device, plan.rows, plan.key)
+    layout = plan.layout
+    return CacheLayout(layout.num_layers, table, 0, 0, (0, 0, 0), (0, 0, 0), layout.vector_bytes)

@@ -1,4 +1,6 @@
-"""Backend registry and selection: `auto` picks cuda, else triton on a GPU, else torch.
+"""Backend registry and selection: on a GPU `auto` tries the kernel backends the GPU measurements
+name for the op and batch (common/auto_table.py; cuda, else triton, for an op never measured), and
+falls back to torch; on a CPU it is torch.
 
 A backend may register `limits`: a function of the call's sizes (a dict of named ints and
 the dtype, built by the op: B, G, V, N, H, D, ...) that returns None when its kernels can
@@ -19,6 +21,7 @@ except ImportError:  # pragma: no cover
         return True
 
 from . import cuda_module as _cuda_module
+from .auto_table import auto_order
 
 BACKENDS = ("torch", "triton", "cuda")
 _IMPLS: dict[str, dict[str, object]] = {}
@@ -66,6 +69,11 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _loads(backend: str) -> bool:
+    """Whether a kernel backend's code is here: the `_C` module for cuda, the triton package for triton."""
+    return _cuda_module.load() is not None if backend == "cuda" else triton_importable()
+
+
 def resolve(op: str, backend: str, device: torch.device, *, runs_as: str | None = None,
             sizes: dict | None = None) -> str:
     """The concrete backend that runs `op` on tensors of `device`, or a clear error.
@@ -79,11 +87,10 @@ def resolve(op: str, backend: str, device: torch.device, *, runs_as: str | None 
     available = implemented_backends(kernel_op)
     on_gpu = device.type == "cuda"
     if backend == "auto":
-        if (on_gpu and "cuda" in available and _cuda_module.load() is not None
-                and refusal(kernel_op, "cuda", sizes) is None):
-            return "cuda"
-        if on_gpu and "triton" in available and triton_importable() and refusal(kernel_op, "triton", sizes) is None:
-            return "triton"
+        if on_gpu:
+            for candidate in auto_order(kernel_op, sizes):
+                if candidate in available and _loads(candidate) and refusal(kernel_op, candidate, sizes) is None:
+                    return candidate
         return "torch"
     if backend not in available:
         raise ValueError(f"{op}: the {backend!r} backend is not available for this op yet; implemented: {available}")
@@ -117,11 +124,16 @@ def _plain_tensors(values) -> bool:
     return True
 
 
-def eager(args) -> bool:
-    """Whether a call can skip the custom-op dispatcher: not compiling, no torch dispatch or
-    torch-function mode (fake tensors, make_fx, functionalisation), plain tensors only."""
+def eager_mode() -> bool:
+    """Not compiling, and no torch dispatch or torch-function mode (fake tensors, make_fx,
+    functionalisation) is active."""
     return (not torch.compiler.is_compiling() and _get_dispatch_mode() is None
-            and not torch._C._is_torch_function_mode_enabled() and _plain_tensors(args))
+            and not torch._C._is_torch_function_mode_enabled())
+
+
+def eager(args) -> bool:
+    """Whether a call can skip the custom-op dispatcher: eager_mode() and plain tensors only."""
+    return eager_mode() and _plain_tensors(args)
 
 
 class EagerFirstOp:

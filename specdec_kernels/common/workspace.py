@@ -5,12 +5,24 @@ counter per batch row: the program or block that draws the last ticket merges th
 The counters must be zero when a launch starts, and every such kernel stores them back to
 zero before it ends, so one zeroed buffer per stream serves every call and every CUDA-graph
 replay without a memset.
+
+That hand-back depends on the last program of every row finishing. A call that stops
+half-way (a kernel that raised under the Triton interpreter, a launch or compile error after
+an earlier launch of the same call ran) can leave tickets or partial state behind, and the
+next call on the stream would trust them and answer wrong with no error. So the launchers
+wrap their launches in `launch_guard`: a guard left by a call that did not return marks the
+stream's buffer, and the next call zeroes it (on the stream, before its own kernels) rather
+than trusting it. A kernel that faults asynchronously on a GPU cannot leave the same trap:
+its error is sticky, so every later call on that context fails loudly.
 """
+
+import contextlib
 
 import torch
 
 _zeroed_workspaces: dict[tuple, torch.Tensor] = {}
 _retired: list[torch.Tensor] = []
+_open_calls: dict[tuple, int] = {}  # stream key -> guards entered and not left (an exception skips the exit)
 
 
 def _stream_key(device: torch.device) -> tuple:
@@ -51,3 +63,30 @@ def zeroed_workspace(device: torch.device, nbytes: int) -> torch.Tensor:
 def zeroed_counters(device: torch.device, count: int) -> torch.Tensor:
     """int32 [count] ticket counters at the start of the stream's zeroed workspace."""
     return zeroed_workspace(device, 4 * count)[:4 * count].view(torch.int32)
+
+
+@contextlib.contextmanager
+def launch_guard(device: torch.device):
+    """Around one call's kernel launches on `device`'s current stream (nested guards count as
+    one call). If the stream's last guarded call did not return, its kernels may have stopped
+    half-way with tickets or partial state in the zeroed buffer: zero it before launching."""
+    key = _stream_key(device)
+    depth = _open_calls.get(key, 0)
+    if depth < 0:  # the outermost guard of a call that raised: its buffer may be dirty
+        buffer = _zeroed_workspaces.get(key)
+        if buffer is not None:
+            buffer.zero_()
+        depth = 0
+    _open_calls[key] = depth + 1
+    try:
+        yield
+    except BaseException:
+        _open_calls[key] = -1  # whatever the depth: the next call starts by zeroing
+        raise
+    _open_calls[key] = depth
+
+
+def left_dirty(device: torch.device) -> bool:
+    """Whether the last guarded call on `device`'s current stream stopped half-way (so the next
+    call will zero the stream's buffer first)."""
+    return _open_calls.get(_stream_key(device), 0) < 0

@@ -1,12 +1,14 @@
 """Host-side pieces every CUDA launcher shares: raw pointers, dtype codes, the stream.
 The zeroed per-stream workspaces live in `specdec_kernels.common.workspace` (shared with triton/)."""
 
+import contextlib
 import functools
 
 import torch
 
 from ..common import cuda_module as _cuda_module
 from ..common.workspace import _zeroed_workspaces  # noqa: F401  (the GPU tests inspect the buffers through here)
+from ..common.workspace import launch_guard
 from ..common.outputs import chain_outputs, tree_outputs  # noqa: F401  (re-exported for the launchers)
 # int32 index tensors as int64 for the kernels that read only int64 (the reference's own helper)
 from ..reference._sampling import as_int64  # noqa: F401  (re-exported for the launchers)
@@ -31,9 +33,13 @@ def stream_handle(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+@contextlib.contextmanager
 def on_device(device: torch.device):
-    """Make `device` current for a launch: the launchers read the current device."""
-    return torch.cuda.device(device)
+    """Make `device` current for a launch (the launchers read the current device), inside the
+    stream's workspace guard (`common.workspace.launch_guard`): a call whose launcher raises
+    after a kernel of it ran cannot leave the zeroed buffer dirty for the next call."""
+    with torch.cuda.device(device), launch_guard(device):
+        yield
 
 
 def pointer(tensor: torch.Tensor | None) -> int:

@@ -1,9 +1,10 @@
-"""CUDA backend of `rejection_sample` (csrc/rejection_sample.cu): one launch per call.
+"""CUDA backends of `rejection_sample` (csrc/rejection_sample.cu: one launch per call) and
+`rejection_sample_logits` (softmax statistics, csrc/softmax_stats.cu, then the same kernel body: two).
 
 The wrapper only makes the small per-row inputs contiguous (draft ids, counts, uniforms,
 seeds, offsets), allocates the outputs and takes the per-stream zeroed workspace, which the
 kernel leaves zeroed. The probability tensors are passed as they are (any strides for the
-first two dims, last dim contiguous). Shapes the kernels cannot serve (G > 2047 logits drafts,
+first two dims, last dim contiguous). Shapes the kernels cannot serve (2G + 1 > 65535 logits rows,
 V >= 2^23) are refused by the launch plan's `limits`, so `auto` runs them elsewhere.
 """
 

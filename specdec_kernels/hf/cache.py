@@ -248,8 +248,8 @@ class SpecCache(Cache):
         """Tree verification: move the accepted nodes' K/V (node i sits at seq_lens[b] + i) to
         seq_lens[b], seq_lens[b] + 1, ... in every layer with one ops.kv_compact call.
         accepted_nodes [B, M] int64: increasing node indices, root first, -1 padded."""
-        new_lens = ops.kv_compact(list(self.keys.unbind(0)), list(self.values.unbind(0)), self.seq_lens,
-                                  accepted_nodes, backend=self.backend)
+        # the stacked [L, B, Hkv, S_max, D] tensors themselves: a host cost that does not grow with L
+        new_lens = ops.kv_compact(self.keys, self.values, self.seq_lens, accepted_nodes, backend=self.backend)
         self.seq_lens.copy_(new_lens)
         self._lengths_grew(accepted_nodes.shape[1])  # M bounds the kept entries
         return self.seq_lens

@@ -1,7 +1,8 @@
 """The public kernel API of specdec-kernels.
 
-Every op validates its inputs, picks a backend (`backend="auto"`: cuda, else triton on a
-GPU, else the torch reference) and runs as a `torch.library` custom op (namespace
+Every op validates its inputs, picks a backend (`backend="auto"`: on a GPU the kernel backend
+the measurements rank first for the op and batch, common/auto_table.py; the torch reference on
+a CPU) and runs as a `torch.library` custom op (namespace
 `specdec`) with a fake implementation, so it works under torch.compile. This package
 never imports transformers: frameworks can use the kernels with torch alone.
 """

@@ -106,7 +106,8 @@ def run_compact(x, backend):
     for owner, pristine in zip(x["owners"], x["pristine"]):
         owner.copy_(pristine)  # copy_ is capturable
     lens = ops.kv_compact(x["k_caches"], x["v_caches"], x["seq_lens"], x["accepted_nodes"], backend=backend)
-    stacked = [torch.stack(c) if c else torch.empty(0, device=lens.device) for c in (x["k_caches"], x["v_caches"])]
+    stacked = [c.clone() if isinstance(c, torch.Tensor) else torch.stack(c) if c else torch.empty(0, device=lens.device)
+               for c in (x["k_caches"], x["v_caches"])]
     return (lens, *stacked)
 
 
@@ -181,6 +182,17 @@ def _edge_cases(profile, device):
                        torch.tensor([[0, 2, 3], [0, 1, 3]], device=device))
 
     cases.append(("evenly spaced layers, K forwards and V backwards", torch.float32, evenly_spaced, base))
+    # the op's other form: K and V as [L, B, Hkv, S, D] tensors (the launchers see every layer through one)
+    for layout in ("stacked", "nhd"):
+        def whole_tensors(seed, layout=layout):
+            _, _, owners = make_caches(layout, 3, 4, 2, 12, 8, torch.bfloat16, device, _gen(device, 5 + seed))
+            k, v = owners if layout == "stacked" else (owner.transpose(2, 3) for owner in owners)
+            cpu = torch.Generator().manual_seed(5 + seed)
+            return _inputs(owners, k, v, torch.randint(0, 4, (4,), generator=cpu).to(device),
+                           random_accepted(4, 8, cpu).to(device))
+
+        cases.append((f"K and V as two [L, B, Hkv, S, D] tensors, {LAYOUT_NAMES[layout]}", torch.bfloat16,
+                      whole_tensors, base))
     if not tiny:  # paths far longer than one block of entries (CUDA stages blockDim entries at a time)
         for heads, dim in ((1, 8), (8, 128)):
             def long_paths(seed, heads=heads, dim=dim):

@@ -6,6 +6,7 @@ import functools
 import torch
 
 from ..common.outputs import chain_outputs, tree_outputs  # noqa: F401  (re-exported for the launchers)
+from ..common.workspace import launch_guard
 from ._philox import INT_SEED, ROW_SEEDS, UNIFORMS
 
 
@@ -51,9 +52,14 @@ def sm_count(device: torch.device) -> int:
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@contextlib.contextmanager
 def device_scope(device: torch.device):
-    """Launch on the tensors' GPU (Triton uses the current device); nothing on the CPU."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    """Launch on the tensors' GPU (Triton uses the current device; nothing to select on the CPU),
+    inside the stream's workspace guard (`common.workspace.launch_guard`): every launch of a call
+    goes through here, so a call that stops half-way cannot leave the zeroed buffer dirty for
+    the next one."""
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext(), launch_guard(device):
+        yield
 
 
 def randomness_mode(uniforms, seed) -> tuple[int, int, torch.Tensor | None]:

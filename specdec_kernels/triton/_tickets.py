@@ -34,3 +34,14 @@ def last_ticket(counter_ptr, num_tickets):
 def reset_ticket(counter_ptr):
     """Hand the counter back zeroed (only the last program calls this: all have counted)."""
     tl.store(counter_ptr, 0)
+
+
+@triton.jit
+def load_partials(ptr, rows, row_mask, num_splits, other, BLOCK_S: tl.constexpr):
+    """([rows, BLOCK_S] per-chunk partials of `rows` stored [row, split] at `ptr`, their mask);
+    masked entries are `other`. Read by the merging program: other programs stored them, so
+    ".cg" (L2 only) skips this SM's possibly stale L1 (see the module docstring)."""
+    s = tl.arange(0, BLOCK_S)
+    mask = row_mask[:, None] & (s[None, :] < num_splits)
+    offs = rows[:, None] * num_splits + s[None, :]
+    return tl.load(ptr + offs, mask=mask, other=other, cache_modifier=".cg"), mask

@@ -6,7 +6,7 @@ exit at once and take no ticket. No host sync, no data-dependent allocation, no 
 
 1. Every live program redoes the row's cheap prefix scan (2 n_b gathered scalars): p_0 = 1,
    p_i = min(1, p_{i-1} p(X_i) / q(X_i)) in float64, NaN -> 0, stored as float32.
-2. It sums over its chunk, in int64 fixed point (`_residual_weights`, `_fixed_point`), the
+2. It sums over its chunk, in int64 fixed point (`_split_v_sampling.residual_weights`), the
    residual weights floor(clamp(p_pos p(x) - q(x), 0, 1) 2^40) (float64 arithmetic) and the
    plain weights of p (the fallback); the bonus position pos = n_b stores p's sum twice and
    never reads q. These are the chunk totals of Z(pos) -- every position is read once.
@@ -32,7 +32,7 @@ then num_accepted > n_b or a kept -1, against the op's documented contract).
 LOGITS (constexpr, `block_verify_logits.py`): the same kernel on p = softmax(x / T) computed
 from per-chunk softmax statistics stored by a first launch; see that module for its contract.
 
-The split plan is `rejection_sample`'s over the B * (g + 1) rows (runtime ints, BLOCK_S sized
+The split plan is `sampling_plan` over the B * (g + 1) rows (runtime ints, BLOCK_S sized
 for V's largest split count), so nothing recompiles as B or g move.
 """
 
@@ -42,117 +42,14 @@ import triton.language as tl
 
 from ..common.registry import register
 from ..common.workspace import zeroed_counters
-from ._fixed_point import count_at_or_below, draw_threshold, to_weights
 from ._launch import chain_outputs, device_scope, grid_x_refusal, randomness_mode
 from ._philox import SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform, row_stream
+from ._split_plans import BLOCK_V, MAX_TILES, MIN_TILES, TARGET_PROGRAMS, most_sampling_splits, sampling_plan
+from ._split_v_sampling import (chunk_weight_sums, draw_from_chunks, drafts_in_row, gather_drafts, pick,
+                                position_stats, row_temperature)
 from ._tickets import last_ticket, reset_ticket
-from .rejection_sample import _split_plan
-from .rejection_sample_logits import _merge_stats, _pick, _prob
 
-BLOCK_V = 1024  # vocabulary elements per tile (power of two)
-MIN_TILES = 2  # smallest chunk in tiles: each program also redoes the prefix scan
-MAX_TILES = 8  # largest chunk in tiles: bounds the last program's rescan at large B
-TARGET_PROGRAMS = 4 * 132  # programs per launch worth aiming for at small B * (g + 1) (~4 per H100 SM)
-SCALE: tl.constexpr = tl.constexpr(1099511627776.0)  # 2^40, the fixed-point scale of `reference._sampling`
 INV_SCALE: tl.constexpr = tl.constexpr(9.094947017729282e-13)  # 2^-40, exact
-
-
-@triton.jit
-def _residual_weights(scale, p, q):
-    """int64 floor(clamp(scale * p - q, 0, 1) * 2^40) in float64 (scale float64 scalar, p and q
-    float32 tiles): reference `residual_weights`. NaN -> 0, +inf -> 1."""
-    r = scale * p.to(tl.float64) - q.to(tl.float64)  # the product is exact: FMA or not, same bits
-    r = tl.where(r != r, 0.0, r)  # NaN first: min/max NaN semantics differ across targets
-    r = tl.minimum(tl.maximum(r, 0.0), 1.0)
-    return (r * SCALE).to(tl.int64)  # exact scaling; r >= 0 so trunc == floor
-
-
-@triton.jit
-def _tile(p_row, q_row, offs, vocab, q_limit, temp, p_top, p_total, p_nan, q_top, q_total, q_nan,
-          LOGITS: tl.constexpr):
-    """float32 (p, q) of one tile: p over offs < vocab, q below q_limit only (0 elsewhere). With
-    LOGITS the rows hold logits: p = softmax from the row's (max, sum); p_nan / q_nan is NaN for a
-    row torch.softmax makes all NaN (its weights are then 0), else 0."""
-    in_v = offs < vocab
-    has_q = offs < q_limit  # a vector compare, not `mask & flag` (interpreter versions differ)
-    if LOGITS:
-        p = tl.where(in_v, _prob(tl.load(p_row + offs, mask=in_v, other=0.0), temp, p_top, p_total) + p_nan, 0.0)
-        q = tl.where(has_q, _prob(tl.load(q_row + offs, mask=has_q, other=0.0), temp, q_top, q_total) + q_nan, 0.0)
-    else:
-        p = tl.load(p_row + offs, mask=in_v, other=0.0).to(tl.float32)
-        q = tl.load(q_row + offs, mask=has_q, other=0.0).to(tl.float32)
-    return p, q
-
-
-@triton.jit
-def _chunk_sums(p_row, q_row, q_limit, scale, start, vocab, tiles, temp, p_top, p_total, p_nan, q_top, q_total,
-                q_nan, LOGITS: tl.constexpr, BLOCK_V: tl.constexpr):
-    """(sum of residual weights, sum of p's weights) over the `tiles` tiles from `start`."""
-    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
-    sum_r = tl.full((), 0, tl.int64)
-    sum_p = tl.full((), 0, tl.int64)
-    for t in range(tiles):
-        offs = start + t * BLOCK_V + lanes
-        p, q = _tile(p_row, q_row, offs, vocab, q_limit, temp, p_top, p_total, p_nan, q_top, q_total, q_nan, LOGITS)
-        sum_r += tl.sum(_residual_weights(scale, p, q), axis=0)
-        sum_p += tl.sum(to_weights(p), axis=0)  # lanes past V weigh 0
-    return sum_r, sum_p
-
-
-@triton.jit
-def _chunk_crossing(p_row, q_row, plain, scale, start, carry, threshold, vocab, tiles, temp, p_top, p_total, p_nan,
-                    q_top, q_total, q_nan, LOGITS: tl.constexpr, BLOCK_V: tl.constexpr):
-    """How many ids of the chunk from `start` have carry + their running weight <= threshold:
-    the drawn id's offset in the chunk. Weights of p alone when `plain`, else the residual."""
-    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
-    q_limit = tl.where(plain, 0, vocab)  # q is not read for plain p
-    count = tl.full((), 0, tl.int64)
-    for t in range(tiles):
-        offs = start + t * BLOCK_V + lanes
-        p, q = _tile(p_row, q_row, offs, vocab, q_limit, temp, p_top, p_total, p_nan, q_top, q_total, q_nan, LOGITS)
-        w = tl.where(plain, to_weights(p), _residual_weights(scale, p, q))
-        count += count_at_or_below(w, carry, threshold, offs < vocab)
-        carry += tl.sum(w, axis=0)
-    return count
-
-
-@triton.jit
-def _position_stats(stats_max_ptr, stats_sum_ptr, b, n, k, g, stat_splits, target_rows, LOGITS: tl.constexpr,
-                    BLOCK_SS: tl.constexpr):
-    """LOGITS: per position lane k the target row's (max, sum, usable) and the draft row's, merged
-    from the first launch's chunk statistics (only rows the batch row uses were written). Probs:
-    placeholders that nothing reads."""
-    if LOGITS:
-        t_max, t_sum, t_ok = _merge_stats(stats_max_ptr, stats_sum_ptr, b * (g + 1) + k, k <= n, stat_splits,
-                                          BLOCK_SS)
-        q_max, q_sum, q_ok = _merge_stats(stats_max_ptr, stats_sum_ptr, target_rows + b * g + k, k < n, stat_splits,
-                                          BLOCK_SS)
-    else:
-        t_max = tl.zeros(k.shape, tl.float32)
-        t_sum = t_max + 1.0
-        t_ok = k >= 0
-        q_max, q_sum, q_ok = t_max, t_sum, t_ok
-    return t_max, t_sum, t_ok, q_max, q_sum, q_ok
-
-
-@triton.jit
-def _gather(target_ptr, draft_ptr, draft_tok_ptr, b, n, k, vocab, temp, t_max, t_sum, t_ok, q_max, q_sum, q_ok,
-            stride_tb, stride_tp, stride_qb, stride_qp, stride_db, stride_dg, LOGITS: tl.constexpr):
-    """Per position lane k < n: the draft X_{k+1} (int64), float64 p(X_{k+1}) and q(X_{k+1}) (as
-    float32 values), and whether the draft exists and is in [0, V)."""
-    slot = k < n
-    tok = tl.load(draft_tok_ptr + b * stride_db + k * stride_dg, mask=slot, other=-1).to(tl.int64)
-    in_range = (tok >= 0) & (tok < vocab)
-    safe = tl.where(in_range, tok, 0)  # never address outside the row
-    lp = tl.load(target_ptr + b * stride_tb + k * stride_tp + safe, mask=slot & in_range, other=0.0)
-    lq = tl.load(draft_ptr + b * stride_qb + k * stride_qp + safe, mask=slot & in_range, other=0.0)
-    if LOGITS:
-        p_tok = tl.where(t_ok, _prob(lp, temp, t_max, t_sum), float("nan"))
-        q_tok = tl.where(q_ok, _prob(lq, temp, q_max, q_sum), float("nan"))
-    else:
-        p_tok = lp.to(tl.float32)
-        q_tok = lq.to(tl.float32)
-    return tok, p_tok.to(tl.float64), q_tok.to(tl.float64), slot & in_range
 
 
 @triton.jit
@@ -187,7 +84,6 @@ def _finish(target_ptr, draft_ptr, part_ptr, uniforms_ptr, seeds_ptr, offsets_pt
             BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr):
     """Batch row b once every chunk total of its positions 0..n is stored: tau, final draw, outputs."""
     s = tl.arange(0, BLOCK_S)
-    has = s < num_splits
     # ---- thresholds: lane k holds h_{k+1}; Z(i) (i = 1..n-1) adds position i's chunk totals.
     # A loop over positions keeps one [BLOCK_S] vector live (BLOCK_S reaches 2048 at V = 2^24).
     z_int = tl.zeros(k.shape, tl.int64)
@@ -215,32 +111,19 @@ def _finish(target_ptr, draft_ptr, part_ptr, uniforms_ptr, seeds_ptr, offsets_pt
     tau = tl.max(tl.where(passed, k + 1, 0), axis=0).to(tl.int64)  # a later pass rescues earlier failures
 
     # ---- the final token from position tau's chunk totals (residual, or p on the bonus row)
-    parts = part_ptr + ((b * (g + 1) + tau) * num_splits + s) * 2
-    chunk_r = tl.load(parts, mask=has, other=0, cache_modifier=".cg")
-    chunk_p = tl.load(parts + 1, mask=has, other=0, cache_modifier=".cg")
-    total_r = tl.sum(chunk_r, axis=0)
-    use_r = total_r > 0
-    chunk_w = tl.where(use_r, chunk_r, chunk_p)  # an empty residual draws from p alone
-    total = tl.sum(chunk_w, axis=0)
-    plain = (tau == n) | (total_r == 0)
     if RANDOM == UNIFORMS:
         u = tl.load(uniforms_ptr + b * stride_ub + g * stride_up).to(tl.float64)
     else:
         u = philox_uniform(seed_b, offset + tau, row_key, SALT_FINAL, 0)  # keyed by the drawn position
-    threshold = draw_threshold(u, total)
-    # the first chunk whose running total exceeds the threshold (the clamp covers total == 0)
-    c = tl.minimum(count_at_or_below(chunk_w, 0, threshold, has), num_splits - 1)
-    base = tl.sum(tl.where(s < c, chunk_w, 0), axis=0)
     q_pos = tl.maximum(tl.minimum(tau, g - 1), 0)  # read only when tau < n <= g
-    p_nan = tl.where(_pick(t_ok.to(tl.int32), k, tau) > 0, 0.0, float("nan"))
-    q_nan = tl.where(_pick(q_ok.to(tl.int32), k, q_pos) > 0, 0.0, float("nan"))
-    chunk = BLOCK_V * tiles
-    count = _chunk_crossing(target_ptr + b * stride_tb + tau * stride_tp, draft_ptr + b * stride_qb + q_pos * stride_qp,
-                            plain, _pick(ratios, k, tau).to(tl.float64), c * chunk, base, threshold, vocab, tiles,
-                            temp, _pick(t_max, k, tau), _pick(t_sum, k, tau), p_nan, _pick(q_max, k, q_pos),
-                            _pick(q_sum, k, q_pos), q_nan, LOGITS, BLOCK_V)
-    # threshold < total, so the id is < V whenever total > 0; no mass at all gives 0
-    token = tl.where(total > 0, tl.minimum(c * chunk + count, vocab - 1), 0)
+    p_nan = tl.where(pick(t_ok.to(tl.int32), k, tau) > 0, 0.0, float("nan"))
+    q_nan = tl.where(pick(q_ok.to(tl.int32), k, q_pos) > 0, 0.0, float("nan"))
+    p_row = target_ptr + b * stride_tb + tau * stride_tp
+    q_row = draft_ptr + b * stride_qb + q_pos * stride_qp
+    token = draw_from_chunks(part_ptr + (b * (g + 1) + tau) * num_splits * 2, num_splits, u, tau < n, p_row, q_row,
+                             pick(ratios, k, tau).to(tl.float64), vocab, tiles, temp, pick(t_max, k, tau),
+                             pick(t_sum, k, tau), p_nan, pick(q_max, k, q_pos), pick(q_sum, k, q_pos), q_nan, LOGITS,
+                             True, BLOCK_S, BLOCK_V)
 
     # ---- outputs: X_1..X_tau, the final token, then -1
     out = tl.where(k < tau, tok, tl.where(k == tau, token, -1))
@@ -267,35 +150,28 @@ def _block_verify_kernel(
     split = tl.program_id(1).to(tl.int64)
     b = row // (g + 1)
     pos = row % (g + 1)
-    if HAS_COUNTS:
-        n = tl.load(counts_ptr + b * stride_c).to(tl.int64)
-        n = tl.minimum(tl.maximum(n, 0), g)
-    else:
-        n = tl.full((), 0, tl.int64) + g
+    n = drafts_in_row(counts_ptr, b, stride_c, g, HAS_COUNTS)
     if pos <= n:  # positions past the row's bonus are never read and take no ticket
-        if PER_ROW_TEMP:
-            temp = tl.load(temps_ptr + b * stride_temp).to(tl.float32)
-        else:
-            temp = tl.full((), 0.0, tl.float32) + temperature
+        temp = row_temperature(temps_ptr, b, stride_temp, temperature, PER_ROW_TEMP)  # read with LOGITS only
         k = tl.arange(0, BLOCK_G).to(tl.int64)  # position lanes 0..g
-        t_max, t_sum, t_ok, q_max, q_sum, q_ok = _position_stats(stats_max_ptr, stats_sum_ptr, b, n, k, g,
-                                                                 stat_splits, target_rows, LOGITS, BLOCK_SS)
-        tok, p_tok, q_tok, valid = _gather(target_ptr, draft_ptr, draft_tok_ptr, b, n, k, vocab, temp, t_max, t_sum,
-                                           t_ok, q_max, q_sum, q_ok, stride_tb, stride_tp, stride_qb, stride_qp,
-                                           stride_db, stride_dg, LOGITS)
+        t_max, t_sum, t_ok, q_max, q_sum, q_ok = position_stats(stats_max_ptr, stats_sum_ptr, b, n, k, g,
+                                                                stat_splits, target_rows, LOGITS, BLOCK_SS)
+        tok, p_tok, q_tok, valid = gather_drafts(target_ptr, draft_ptr, draft_tok_ptr, b, n, k, vocab, temp, t_max,
+                                                 t_sum, t_ok, q_max, q_sum, q_ok, stride_tb, stride_tp, stride_qb,
+                                                 stride_qp, stride_db, stride_dg, LOGITS)
         ratios, nexts = _prefix_ratios(p_tok, q_tok, valid, k, g)
 
         # ---- this program's chunk of position pos: residual (pos < n) and plain p sums
         residual = pos < n  # the bonus position pos == n is plain p; its q is not read
         q_pos = tl.maximum(tl.minimum(pos, g - 1), 0)
-        p_nan = tl.where(_pick(t_ok.to(tl.int32), k, pos) > 0, 0.0, float("nan"))
-        q_nan = tl.where(_pick(q_ok.to(tl.int32), k, q_pos) > 0, 0.0, float("nan"))
+        p_nan = tl.where(pick(t_ok.to(tl.int32), k, pos) > 0, 0.0, float("nan"))
+        q_nan = tl.where(pick(q_ok.to(tl.int32), k, q_pos) > 0, 0.0, float("nan"))
         chunk = BLOCK_V * tiles
-        sum_r, sum_p = _chunk_sums(target_ptr + b * stride_tb + pos * stride_tp,
-                                   draft_ptr + b * stride_qb + q_pos * stride_qp, tl.where(residual, vocab, 0),
-                                   _pick(ratios, k, pos).to(tl.float64), split * chunk, vocab, tiles, temp,
-                                   _pick(t_max, k, pos), _pick(t_sum, k, pos), p_nan, _pick(q_max, k, q_pos),
-                                   _pick(q_sum, k, q_pos), q_nan, LOGITS, BLOCK_V)
+        sum_r, sum_p = chunk_weight_sums(target_ptr + b * stride_tb + pos * stride_tp,
+                                         draft_ptr + b * stride_qb + q_pos * stride_qp, tl.where(residual, vocab, 0),
+                                         pick(ratios, k, pos).to(tl.float64), split * chunk, vocab, tiles, temp,
+                                         pick(t_max, k, pos), pick(t_sum, k, pos), p_nan, pick(q_max, k, q_pos),
+                                         pick(q_sum, k, q_pos), q_nan, LOGITS, True, BLOCK_V)
         part = part_ptr + (row * num_splits + split) * 2
         tl.store(part, tl.where(residual, sum_r, sum_p))
         tl.store(part + 1, sum_p)
@@ -316,8 +192,8 @@ def launch_block(target, draft, draft_tokens, out_tokens, num_accepted, *, unifo
     vocab = target.shape[-1]
     device = draft_tokens.device
     rows = batch * (g + 1)
-    block_v, tiles, num_splits = _split_plan(rows, vocab, block_v, min_tiles, max_tiles, target_programs)
-    most_splits = _split_plan(1, vocab, block_v, min_tiles, max_tiles, target_programs)[2]  # one row splits most
+    block_v, tiles, num_splits = sampling_plan(rows, vocab, block_v, min_tiles, max_tiles, target_programs)
+    most_splits = most_sampling_splits(vocab, block_v, min_tiles, max_tiles, target_programs)  # one row splits most
     mode, seed_int, seeds = randomness_mode(uniforms, seed)
     placeholder = draft_tokens  # any tensor on the device; never read when its flag is off
     if g == 0:

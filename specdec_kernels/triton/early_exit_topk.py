@@ -3,11 +3,14 @@
 The work is a skinny GEMM over the [V, H] LM-head weight, memory-bound at B <= 64: the
 kernel reads the weight once for all rows.
 
-1. `_split_topk_kernel`, grid (cdiv(B, BLOCK_B), num_splits). Program s streams a
-   contiguous slice of whole BLOCK_V vocabulary tiles for BLOCK_B rows at once. Its
-   prologue computes each row's norm statistics (mean for layer norm, rstd) from the
-   hidden states (H is small: recomputing them per program costs less than a launch);
-   the hidden chunks are normalised on the fly in the H loop. Per tile: logits
+1. `_normalize_kernel`, grid (cdiv(B, BLOCK_B),): each row's norm statistics (mean for layer
+   norm, rstd), then norm(hidden) once, stored as the dot's operands: for 16-bit weights its hi
+   and lo halves in the weight dtype (see `_dot_acc`), else float32. [B, H] each: tiny next to
+   the weight, and the split kernel no longer renormalises and splits the hidden state for
+   every vocabulary tile.
+2. `_split_topk_kernel`, grid (cdiv(B, BLOCK_B), num_splits). Program s streams a
+   contiguous slice of whole BLOCK_V vocabulary tiles for BLOCK_B rows at once, reading the
+   normalised operands tile by tile. Per tile: logits
    [BLOCK_B, BLOCK_V] in float32 (tensor cores for 16-bit weights, see `_dot_acc`), packed
    into int64 keys (order-preserving float bits << 31 | (2^31 - 1 - id): one integer
    compare orders by logit, then by lower id; NaN packs as -inf), then a running top-k
@@ -15,7 +18,7 @@ kernel reads the weight once for all rows.
    above it replace the minimum one at a time, largest first (a data-dependent loop of at
    most K steps per tile, usually none once the threshold has settled). Writes its K
    keys per (row, split) to a workspace sized by static shapes.
-2. `_merge_kernel`, grid (B,): the num_splits * K candidates of a row, K max-extractions,
+3. `_merge_kernel`, grid (B,): the num_splits * K candidates of a row, K max-extractions,
    values (decoded from the keys, so exactly the kernel's float32 logits) and ids.
 
 Precision: logits are float32 sums in another order than the reference's fp32 matmul, so
@@ -76,14 +79,21 @@ def _key_id(key):
 
 
 @triton.jit
-def _dot_acc(acc, x, w, DOT_MODE: tl.constexpr):
-    """acc + x @ w^T: x [BLOCK_B, BLOCK_H] float32 (normalised hidden), w [BLOCK_V, BLOCK_H]."""
+def _split_halves(x, DTYPE: tl.constexpr):
+    """(hi, lo) of float32 x in DTYPE: hi = x rounded, lo = the rest rounded (0 where x is inf:
+    inf - inf; the hi half carries it)."""
+    hi = x.to(DTYPE)
+    lo = x - hi.to(tl.float32)
+    return hi, tl.where(lo == lo, lo, 0.0).to(DTYPE)
+
+
+@triton.jit
+def _dot_acc(acc, x, x_lo, w, DOT_MODE: tl.constexpr):
+    """acc + x @ w^T, w [BLOCK_V, BLOCK_H]: x [BLOCK_B, BLOCK_H] is the normalised hidden state,
+    float32, or with DOT_SPLIT16 its hi half and x_lo its lo half in the weight dtype."""
     if DOT_MODE == DOT_SPLIT16:
-        hi = x.to(w.dtype)
-        lo = x - hi.to(tl.float32)
-        lo = tl.where(lo == lo, lo, 0.0).to(w.dtype)  # inf hidden: inf - inf; the hi half carries it
-        acc = tl.dot(hi, tl.trans(w), acc)
-        return tl.dot(lo, tl.trans(w), acc)
+        acc = tl.dot(x, tl.trans(w), acc)
+        return tl.dot(x_lo, tl.trans(w), acc)
     elif DOT_MODE == DOT_TF32X3:
         return tl.dot(x, tl.trans(w), acc, input_precision="tf32x3")
     else:
@@ -105,24 +115,16 @@ def _load_normalized(h_ptr, nw_ptr, nb_ptr, rows, row_ok, cols, col_ok, stride_h
     return tl.where(mask, x, 0.0)
 
 
-# Not specialised, in both kernels (tests/test_triton_recompiles.py): k (the candidates per
-# row, which follows the draft width), the batch size and the split plan that follows it
-# (tiles_per_split, num_splits, a row's candidates): Triton would compile a variant for the
-# value 1 and for multiples of 16 as rows finish or k adapts. k is a runtime int, not a
-# constexpr: it enters the keys only through K_PAD (and BLOCK_C), powers of two; B through
-# BLOCK_B (`_tile_config`, three regimes).
-@triton.jit(do_not_specialize=["batch", "tiles_per_split", "num_splits", "k"])
-def _split_topk_kernel(h_ptr, nw_ptr, nb_ptr, w_ptr, cand_ptr, batch, hidden, vocab, num_tiles, tiles_per_split,
-                       num_splits, k, eps, stride_hb, stride_wv,
-                       NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                       K_PAD: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                       DOT_MODE: tl.constexpr):
-    split = tl.program_id(1)  # the few splits in y (<= 65535); the B blocks, which grow with B, in x
+# Not specialised (tests/test_triton_recompiles.py): the batch size, which shrinks as rows finish.
+@triton.jit(do_not_specialize=["batch"])
+def _normalize_kernel(h_ptr, nw_ptr, nb_ptr, x_ptr, x_lo_ptr, batch, hidden, eps, stride_hb,
+                      NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_B: tl.constexpr,
+                      BLOCK_H: tl.constexpr, DOT_MODE: tl.constexpr):
+    """norm(hidden) of BLOCK_B rows, stored once as `_dot_acc`'s operands ([B, H], contiguous)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = rows < batch
     h_lanes = tl.arange(0, BLOCK_H)
-
-    # prologue: per-row norm statistics (two passes for layer norm, like the reference)
+    # per-row norm statistics (two passes for layer norm, like the reference)
     mean = tl.zeros((BLOCK_B,), tl.float32)
     rstd = tl.full((BLOCK_B,), 1.0, tl.float32)
     if NORM != NONE_NORM:
@@ -142,6 +144,36 @@ def _split_topk_kernel(h_ptr, nw_ptr, nb_ptr, w_ptr, cand_ptr, batch, hidden, vo
             x = tl.where(mask, x - mean[:, None], 0.0)
             squares += tl.sum(x * x, axis=1)
         rstd = 1.0 / tl.sqrt(squares / hidden + eps)
+    for h0 in range(0, hidden, BLOCK_H):
+        cols = h0 + h_lanes
+        col_ok = cols < hidden
+        x = _load_normalized(h_ptr, nw_ptr, nb_ptr, rows, row_ok, cols, col_ok, stride_hb, mean, rstd,
+                             NORM, HAS_W, HAS_B)
+        out = rows[:, None] * hidden + cols[None, :]
+        mask = row_ok[:, None] & col_ok[None, :]
+        if DOT_MODE == DOT_SPLIT16:
+            hi, lo = _split_halves(x, x_ptr.dtype.element_ty)
+            tl.store(x_ptr + out, hi, mask=mask)
+            tl.store(x_lo_ptr + out, lo, mask=mask)
+        else:
+            tl.store(x_ptr + out, x, mask=mask)
+
+
+# Not specialised, in the kernels (tests/test_triton_recompiles.py): k (the candidates per
+# row, which follows the draft width), the batch size and the split plan that follows it
+# (tiles_per_split, num_splits, a row's candidates): Triton would compile a variant for the
+# value 1 and for multiples of 16 as rows finish or k adapts. k is a runtime int, not a
+# constexpr: it enters the keys only through K_PAD (and BLOCK_C), powers of two; B through
+# BLOCK_B (`_tile_config`, three regimes).
+@triton.jit(do_not_specialize=["batch", "tiles_per_split", "num_splits", "k"])
+def _split_topk_kernel(x_ptr, x_lo_ptr, w_ptr, cand_ptr, batch, hidden, vocab, num_tiles, tiles_per_split,
+                       num_splits, k, stride_wv,
+                       K_PAD: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                       DOT_MODE: tl.constexpr):
+    split = tl.program_id(1)  # the few splits in y (<= 65535); the B blocks, which grow with B, in x
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
+    row_ok = rows < batch
+    h_lanes = tl.arange(0, BLOCK_H)
 
     # the kept set: k unique fill keys 0..k-1 below every real key; padding slots never the minimum
     slot = tl.arange(0, K_PAD)
@@ -158,10 +190,14 @@ def _split_topk_kernel(h_ptr, nw_ptr, nb_ptr, w_ptr, cand_ptr, batch, hidden, vo
         for h0 in range(0, hidden, BLOCK_H):
             cols = h0 + h_lanes
             col_ok = cols < hidden
-            x = _load_normalized(h_ptr, nw_ptr, nb_ptr, rows, row_ok, cols, col_ok, stride_hb, mean, rstd,
-                                 NORM, HAS_W, HAS_B)
+            x_mask = row_ok[:, None] & col_ok[None, :]
+            x_offs = rows[:, None] * hidden + cols[None, :]
+            x = tl.load(x_ptr + x_offs, mask=x_mask, other=0.0)
+            x_lo = x
+            if DOT_MODE == DOT_SPLIT16:
+                x_lo = tl.load(x_lo_ptr + x_offs, mask=x_mask, other=0.0)
             w = tl.load(w_rows + cols[None, :], mask=v_ok[:, None] & col_ok[None, :], other=0.0)
-            acc = _dot_acc(acc, x, w, DOT_MODE)
+            acc = _dot_acc(acc, x, x_lo, w, DOT_MODE)
         keys = _order_key(acc, ids)
         cand = tl.where(row_ok[:, None] & v_ok[None, :] & (keys > thresh[:, None]), keys, EMPTY_KEY)
         best = tl.max(cand, axis=1)
@@ -196,8 +232,11 @@ def _tile_config(batch: int, dtype: torch.dtype, interpreting: bool) -> dict:
     if dtype == torch.float32:
         return dict(BLOCK_B=block_b, BLOCK_V=64, BLOCK_H=32, num_warps=4, num_stages=3)
     # 8 warps: with 4 the per-tile top-k selection needs 250+ registers a thread and spills at B 64
-    # (compiled for sm_90, tests/test_triton_compile_targets.py); one block per SM either way (shared memory)
-    return dict(BLOCK_B=block_b, BLOCK_V=128 if block_b <= 32 else 64, BLOCK_H=128, num_warps=8, num_stages=4)
+    # (compiled for sm_90, tests/test_triton_compile_targets.py). BLOCK_V 128 at every B: with the
+    # hidden state normalised once (`_normalize_kernel`) the B 64 tile fits without spilling, and each
+    # hidden tile loaded serves twice the weight rows it did at 64; 64-wide H steps in 4 stages keep
+    # that spill-free at every B (135 KiB of shared memory at B 64)
+    return dict(BLOCK_B=block_b, BLOCK_V=128, BLOCK_H=64, num_warps=8, num_stages=4)
 
 
 def split_plan(vocab: int, block_v: int, b_blocks: int, device: torch.device,
@@ -244,17 +283,25 @@ def plan(hidden, norm_weight, lm_head_weight, k: int, *, eps: float, norm: str, 
         dot_mode = DOT_IEEE.value
     else:
         dot_mode = DOT_TF32X3.value if weight.dtype == torch.float32 else DOT_SPLIT16.value
-    split_args = (hidden, norm_weight if norm_weight is not None else hidden,
-                  norm_bias if norm_bias is not None else hidden, weight, cand, batch, hidden_size, vocab, num_tiles,
-                  tiles_per_split, splits, k, float(eps), hidden.stride(0), weight.stride(0))
-    split_meta = dict(NORM=NORM_CODES[norm], HAS_W=norm_weight is not None, HAS_B=norm_bias is not None,
-                      K_PAD=k_pad, DOT_MODE=dot_mode, **cfg)
+    # norm(hidden) once, as the dot's operands: hi and lo halves in the weight dtype, or float32
+    split16 = dot_mode == DOT_SPLIT16.value
+    x = torch.empty(batch, hidden_size, dtype=weight.dtype if split16 else torch.float32, device=device)
+    x_lo = torch.empty_like(x) if split16 else x
+    norm_args = (hidden, norm_weight if norm_weight is not None else hidden,
+                 norm_bias if norm_bias is not None else hidden, x, x_lo, batch, hidden_size, float(eps),
+                 hidden.stride(0))
+    norm_meta = dict(NORM=NORM_CODES[norm], HAS_W=norm_weight is not None, HAS_B=norm_bias is not None,
+                     BLOCK_B=cfg["BLOCK_B"], BLOCK_H=cfg["BLOCK_H"], DOT_MODE=dot_mode, num_warps=4)
+    split_args = (x, x_lo, weight, cand, batch, hidden_size, vocab, num_tiles, tiles_per_split, splits, k,
+                  weight.stride(0))
+    split_meta = dict(K_PAD=k_pad, DOT_MODE=dot_mode, **cfg)
     # a row's candidates, sized for the most splits any batch size gets with this V and dtype
     # (one B block, either BLOCK_V of the tile regimes), so B stays out of the merge kernel's key
     most_splits = max(split_plan(vocab, block_v or _tile_config(size, weight.dtype, interpreting)["BLOCK_V"], 1,
                                  device, num_splits)[2] for size in (1, BLOCK_B_MAX))
     merge_meta = dict(BLOCK_C=max(16, triton.next_power_of_2(most_splits) * k_pad))
-    launches = [(_split_topk_kernel, (b_blocks, splits), split_args, split_meta),
+    launches = [(_normalize_kernel, (b_blocks,), norm_args, norm_meta),
+                (_split_topk_kernel, (b_blocks, splits), split_args, split_meta),
                 (_merge_kernel, (batch,), (cand, values, indices, splits * k, k), merge_meta)]
     return values, indices, launches
 

@@ -7,7 +7,7 @@ data-dependent allocation; every logits row the contract needs is read once.
 
 `_chain_verify_kernel`, grid (B*(g+1), num_splits): program (row, split) streams one chunk
 of one logits row (b, position) in BLOCK_V tiles (fp32 after loading, NaN -> -inf) and
-stores, for that chunk,
+stores, for that chunk (`_split_v_stats`),
   - the max and its lowest index (argmax partial, ties -> lowest id);
   - RANK (relaxed_verify): how many ids rank ahead of the draft at that position,
     #{v: l_v > l_x} + #{v < x: l_v == l_x} (the draft logit l_x is one extra load);
@@ -37,66 +37,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.workspace import zeroed_counters
 from ..common.registry import register
+from ..common.workspace import zeroed_counters
 from . import _launch
 from ._launch import chain_launch, device_scope
-from ._tickets import last_ticket, reset_ticket
+from ._split_plans import BLOCK_V, STATS_MAX_SPLITS, STATS_TILES, stats_plan
+from ._split_v_stats import chunk_stats, merge_argmax, merge_lse
+from ._tickets import last_ticket, load_partials, reset_ticket
 
-BLOCK_V = 1024  # elements per tile (power of two)
-TILES_PER_PROGRAM = 4  # tiles one program streams before the V dimension is split further
-MAX_SPLITS = 64  # cap on programs per row; larger V gives each program more tiles
 # accept rules of _chain_verify_kernel (constexpr so the kernel can branch on them)
 GREEDY: tl.constexpr = tl.constexpr(0)
 RELAXED: tl.constexpr = tl.constexpr(1)
 BILD: tl.constexpr = tl.constexpr(2)
-
-
-@triton.jit
-def _chunk_stats(base, start, vocab, lx, d, BLOCK_V: tl.constexpr, TILES: tl.constexpr, ARGMAX: tl.constexpr,
-                 RANK: tl.constexpr, SUMEXP: tl.constexpr):
-    """Statistics of the TILES tiles of one row from `start`: (max, lowest argmax id or V,
-    sum exp(x - max), #ids ranking ahead of draft d with logit lx). Unused ones stay 0."""
-    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
-    big = vocab  # larger than any valid index
-    best_val = tl.full((), float("-inf"), tl.float32)
-    best_idx = tl.full((), 0, tl.int64) + big
-    total = tl.full((), 0.0, tl.float32)  # sum exp(x - best_val) over the chunk so far
-    ahead = tl.full((), 0, tl.int32)
-    for t in range(TILES):
-        offs = start + t * BLOCK_V + lanes
-        mask = offs < vocab
-        x = tl.load(base + offs, mask=mask, other=float("-inf")).to(tl.float32)
-        x = tl.where(x != x, float("-inf"), x)
-        tile_max = tl.max(x, axis=0)
-        new_max = tl.maximum(best_val, tile_max)
-        if SUMEXP:
-            # shift by the running max; an infinite max shifts by 0 (the sum is then unused
-            # when it is +inf, and exactly 0 when it is -inf)
-            shift = tl.where(tl.abs(new_max) < float("inf"), new_max, 0.0)
-            total = total * tl.exp(best_val - shift) + tl.sum(tl.exp(x - shift), axis=0)
-        if RANK:
-            before = (x > lx) | ((x == lx) & (offs < d))
-            ahead += tl.sum((before & mask).to(tl.int32), axis=0)
-        if ARGMAX:
-            tile_idx = tl.min(tl.where(mask & (x == tile_max), offs, big), axis=0)
-            take = (tile_max > best_val) | ((tile_max == best_val) & (tile_idx < best_idx))
-            best_idx = tl.where(take, tile_idx, best_idx)
-        best_val = new_max
-    return best_val, best_idx, total, ahead
-
-
-@triton.jit
-def _merge_lse(vals, sums, mask, AXIS: tl.constexpr):
-    """(max, logsumexp) from chunk maxima `vals` and their shifted sums `sums` along AXIS."""
-    top = tl.max(vals, axis=AXIS)
-    finite = tl.abs(top) < float("inf")
-    shift = tl.where(finite, top, 0.0)
-    if AXIS == 1:
-        shift = shift[:, None]
-    total = tl.sum(tl.where(mask, sums * tl.exp(vals - shift), 0.0), axis=AXIS)
-    total = tl.where(finite, total, 1.0)  # >= 1 when the max is finite
-    return top, tl.where(finite, top + tl.log(total), top)  # +-inf max: lse = max, like torch
 
 
 @triton.jit
@@ -112,29 +64,6 @@ def _draft_logits(logits_ptr, draft_ptr, b, p, n, vocab, stride_b, stride_p, str
 
 
 @triton.jit
-def _load_partials(ptr, rows, row_mask, num_splits, other, BLOCK_S: tl.constexpr):
-    """([rows, BLOCK_S] partials of `rows`, their mask); masked entries are `other`.
-
-    ".cg" (L2 only): other programs stored these; this SM's L1 may hold stale copies of
-    the same addresses from an earlier call (see _tickets)."""
-    s = tl.arange(0, BLOCK_S)
-    mask = row_mask[:, None] & (s[None, :] < num_splits)
-    offs = rows[:, None] * num_splits + s[None, :]
-    return tl.load(ptr + offs, mask=mask, other=other, cache_modifier=".cg"), mask
-
-
-@triton.jit
-def _merge_argmax(part_val_ptr, part_idx_ptr, rows, row_mask, num_splits, vocab, BLOCK_S: tl.constexpr):
-    """Per row: (max, argmax with the lowest id among equal maxima, all -inf -> 0) from
-    the chunk partials, plus the [rows, BLOCK_S] chunk maxima and their mask."""
-    vals, mask = _load_partials(part_val_ptr, rows, row_mask, num_splits, float("-inf"), BLOCK_S)
-    idxs, _ = _load_partials(part_idx_ptr, rows, row_mask, num_splits, vocab, BLOCK_S)
-    top_val = tl.max(vals, axis=1)
-    top = tl.min(tl.where(mask & (vals == top_val[:, None]), idxs, vocab), axis=1)
-    return top_val, tl.where(top < vocab, top, 0), vals, mask
-
-
-@triton.jit
 def _accept_row(logits_ptr, draft_ptr, part_val_ptr, part_idx_ptr, part_cnt_ptr, part_sum_ptr, out_ptr,
                 num_acc_ptr, b, n, g, vocab, num_splits, stride_b, stride_p, stride_db, stride_dg, stride_ob,
                 top_beta, tau, threshold, MODE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr):
@@ -143,17 +72,17 @@ def _accept_row(logits_ptr, draft_ptr, part_val_ptr, part_idx_ptr, part_cnt_ptr,
     p = tl.arange(0, BLOCK_P)  # every position 0..g of the row at once
     rows = b * num_pos + p
     used = p <= n  # positions past n were never written
-    top_val, top, vals, mask = _merge_argmax(part_val_ptr, part_idx_ptr, rows, used, num_splits, vocab, BLOCK_S)
+    top_val, top, vals, mask = merge_argmax(part_val_ptr, part_idx_ptr, rows, used, num_splits, vocab, BLOCK_S)
     d, lx, d_ok = _draft_logits(logits_ptr, draft_ptr, b, p, n, vocab, stride_b, stride_p, stride_db, stride_dg)
     if MODE == GREEDY:
         ok = d == top
     elif MODE == RELAXED:
-        ahead, _ = _load_partials(part_cnt_ptr, rows, used, num_splits, 0, BLOCK_S)
+        ahead, _ = load_partials(part_cnt_ptr, rows, used, num_splits, 0, BLOCK_S)
         ahead = tl.sum(ahead, axis=1)
         ok = (ahead < top_beta) & ((d == top) | ((top_val - lx) < tau))
     else:
-        sums, _ = _load_partials(part_sum_ptr, rows, used, num_splits, 0.0, BLOCK_S)
-        _, lse = _merge_lse(vals, sums, mask, 1)
+        sums, _ = load_partials(part_sum_ptr, rows, used, num_splits, 0.0, BLOCK_S)
+        _, lse = merge_lse(vals, sums, mask, 1)
         ok = (lse - lx) <= threshold
     ok = ok & d_ok  # d_ok is false at p >= n
     accepted = tl.min(tl.where(ok, BLOCK_P, p), axis=0)  # the first rejection (or the bonus position)
@@ -191,7 +120,7 @@ def _chain_verify_kernel(logits_ptr, draft_ptr, counts_ptr, part_val_ptr, part_i
         else:
             d = tl.full((), -1, tl.int64)
             lx = tl.full((), float("-inf"), tl.float32)
-        best_val, best_idx, total, ahead = _chunk_stats(
+        best_val, best_idx, total, ahead = chunk_stats(
             logits_ptr + b * stride_b + p * stride_p, split * (BLOCK_V * TILES), vocab, lx, d,
             BLOCK_V, TILES, True, MODE == RELAXED, MODE == BILD)
         out = row * num_splits + split
@@ -217,7 +146,7 @@ def _max_prob_kernel(logits_ptr, part_val_ptr, part_sum_ptr, tickets_ptr, out_pt
     row = tl.program_id(0).to(tl.int64)  # row = outer * inner + inner index
     split = tl.program_id(1).to(tl.int64)
     base = logits_ptr + (row // inner) * stride_outer + (row % inner) * stride_inner
-    best_val, _, total, _ = _chunk_stats(base, split * (BLOCK_V * TILES), vocab, 0.0, 0, BLOCK_V, TILES,
+    best_val, _, total, _ = chunk_stats(base, split * (BLOCK_V * TILES), vocab, 0.0, 0, BLOCK_V, TILES,
                                          False, False, True)
     tl.store(part_val_ptr + row * num_splits + split, best_val)
     tl.store(part_sum_ptr + row * num_splits + split, total)
@@ -227,21 +156,12 @@ def _max_prob_kernel(logits_ptr, part_val_ptr, part_sum_ptr, tickets_ptr, out_pt
         # ".cg": other programs wrote these; skip this SM's (possibly stale) L1 (see _tickets)
         vals = tl.load(part_val_ptr + row * num_splits + s, mask=mask, other=float("-inf"), cache_modifier=".cg")
         sums = tl.load(part_sum_ptr + row * num_splits + s, mask=mask, other=0.0, cache_modifier=".cg")
-        top, lse = _merge_lse(vals, sums, mask, 0)
+        top, lse = merge_lse(vals, sums, mask, 0)
         finite = tl.abs(top) < float("inf")
         prob = tl.exp(tl.where(finite, top, 0.0) - tl.where(finite, lse, 0.0))  # exp(max - lse), like the reference
         prob = tl.where(top == float("inf"), 1.0, tl.where(top == float("-inf"), 0.0, prob))
         tl.store(out_ptr + row, prob)
         reset_ticket(tickets_ptr + row)
-
-
-def _split_plan(vocab: int, block_v: int, tiles_per_program: int, max_splits: int) -> tuple[int, int, int]:
-    """(BLOCK_V, TILES, num_splits): each of num_splits programs per row streams TILES tiles."""
-    block_v = min(block_v, max(16, triton.next_power_of_2(vocab)))
-    num_tiles = triton.cdiv(vocab, block_v)
-    wanted = max(tiles_per_program, triton.cdiv(num_tiles, max_splits))
-    tiles = min(num_tiles, triton.next_power_of_2(wanted))  # few distinct constexpr values
-    return block_v, tiles, triton.cdiv(num_tiles, tiles)
 
 
 def _float32(value: float) -> float:
@@ -251,11 +171,11 @@ def _float32(value: float) -> float:
 
 def _launch_chain(target_logits, draft_tokens, num_draft_tokens, *, mode: int, top_beta: int = 1,
                   tau: float = 0.0, threshold: float = 0.0, block_v: int = BLOCK_V,
-                  tiles_per_program: int = TILES_PER_PROGRAM, max_splits: int = MAX_SPLITS):
+                  tiles_per_program: int = STATS_TILES, max_splits: int = STATS_MAX_SPLITS):
     batch, g, vocab, device, out_tokens, num_accepted = chain_launch(target_logits, draft_tokens)
     if batch == 0:
         return out_tokens, num_accepted
-    block_v, tiles, num_splits = _split_plan(vocab, block_v, tiles_per_program, max_splits)
+    block_v, tiles, num_splits = stats_plan(vocab, block_v, tiles_per_program, max_splits)
     rows = batch * (g + 1)
     part_val = torch.empty(rows, num_splits, dtype=torch.float32, device=device)
     part_idx = torch.empty(rows, num_splits, dtype=torch.int64, device=device)
@@ -291,8 +211,8 @@ def bild_verify(target_logits, draft_tokens, *, rollback_threshold: float, num_d
     return _launch_chain(target_logits, draft_tokens, num_draft_tokens, mode=BILD.value, threshold=rollback_threshold)
 
 
-def _launch_max_prob(logits, *, block_v: int = BLOCK_V, tiles_per_program: int = TILES_PER_PROGRAM,
-                     max_splits: int = MAX_SPLITS):
+def _launch_max_prob(logits, *, block_v: int = BLOCK_V, tiles_per_program: int = STATS_TILES,
+                     max_splits: int = STATS_MAX_SPLITS):
     vocab = logits.shape[-1]
     out = torch.empty(logits.shape[:-1], dtype=torch.float32, device=logits.device)
     rows = out.numel()
@@ -304,7 +224,7 @@ def _launch_max_prob(logits, *, block_v: int = BLOCK_V, tiles_per_program: int =
         rows3 = logits.reshape(1, -1, vocab)
     else:
         rows3 = logits.reshape(-1, logits.shape[-2], vocab)
-    block_v, tiles, num_splits = _split_plan(vocab, block_v, tiles_per_program, max_splits)
+    block_v, tiles, num_splits = stats_plan(vocab, block_v, tiles_per_program, max_splits)
     part_val = torch.empty(rows, num_splits, dtype=torch.float32, device=logits.device)
     part_sum = torch.empty(rows, num_splits, dtype=torch.float32, device=logits.device)
     tickets = zeroed_counters(logits.device, rows)
