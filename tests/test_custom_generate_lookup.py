@@ -131,6 +131,26 @@ def test_settings_without_a_counterpart_are_refused_in_one_line(pair, kwargs, na
     assert "\n" not in str(error.value) and str(error.value).startswith("custom_generate: ")
 
 
+def test_a_confidence_threshold_of_zero_is_no_stop_and_runs(pair):
+    """assistant_confidence_threshold=0 turns HF's confidence stop off (as HF's own benchmarks of assisted
+    generation at a constant length set it on the assistant), which is how our drafting works: accepted,
+    with the assistant's constant draft length; 0.2 on the same assistant is refused."""
+    target, draft = pair
+    ids, _ = repeating(rows=1)
+    config = draft.generation_config
+    try:
+        config.assistant_confidence_threshold, config.num_assistant_tokens = 0.0, 3
+        out = target.generate(ids, custom_generate=custom_generate, assistant_model=draft, max_new_tokens=6,
+                              pad_token_id=0, return_dict_in_generate=True)
+        assert len(out.stats.per_position_acceptance) == 3
+        config.assistant_confidence_threshold = 0.2
+        with pytest.raises(ValueError, match="assistant_confidence_threshold=0.2"):
+            target.generate(ids, custom_generate=custom_generate, assistant_model=draft, max_new_tokens=6,
+                            pad_token_id=0)
+    finally:
+        config.assistant_confidence_threshold, config.num_assistant_tokens = None, None
+
+
 def test_every_hf_generation_setting_is_classified_and_documented():
     fields = {name for name in GenerationConfig().to_dict() if not name.startswith("_")}
     missing = sorted(fields - set(settings.SETTINGS))

@@ -16,7 +16,8 @@ generation_config sets it, or when it differs from HF's default; the assistant's
                                       else -1, up to max_draft_tokens: our static shapes need a ceiling, HF has
                                       none); "heuristic" also writes the final length back to the assistant's
                                       generation_config.num_assistant_tokens, as HF does, so it persists
-    everything else (confidence threshold, look-behinds, early exit, ensemble weight): refused
+    everything else (confidence threshold, look-behinds, early exit, ensemble weight): refused, but
+                                      assistant_confidence_threshold=0 (no confidence stop: our drafting)
 """
 
 HF_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
@@ -28,6 +29,8 @@ REFUSED = {"assistant_confidence_threshold": "HF's confidence stop for the assis
                                              "(fallback_threshold, lossy)",
            "assistant_lookbehind": "assistants with another tokenizer are not supported",
            "target_lookbehind": "assistants with another tokenizer are not supported"}
+# refused settings at a value that turns them off, which is what our strategies do anyway: accepted
+OFF = {"assistant_confidence_threshold": 0}
 
 
 def _defaults() -> dict:
@@ -63,7 +66,7 @@ class Assisted:
 
         for name, why in REFUSED.items():
             value = read(name)
-            if value is not None:
+            if value is not None and value != OFF.get(name):
                 fail(f"{name}={value!r}: {why}")
         lookup = asked("prompt_lookup_num_tokens", config, model, passed)
         ngram = asked("max_matching_ngram_size", config, model, passed)
