@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from specdec_kernels import ops
-from specdec_kernels.selftest.cases_tree import sampled_sibling_tokens
+from specdec_kernels.selftest.tree_inputs import sampled_sibling_tokens
 
 from _bound import pct_of_bound  # noqa: E402  (bench/ is on sys.path: script dir or pytest rootdir)
 from _report import base_parser, write_report  # noqa: E402

@@ -210,7 +210,7 @@ def hook_points(sections: Sections, target) -> list:
     from specdec_kernels import ops
     from specdec_kernels.common import registry
     from specdec_kernels.decoding.plain import PlainDecoder
-    from specdec_kernels.decoding.speculative import SpeculativeDecoder
+    from specdec_kernels.decoding.speculative import ChainSpeculative, TreeSpeculative
     from specdec_kernels.hf import attention as hf_attention
     from specdec_kernels.hf.adapter_base import ModelAdapter
     from specdec_kernels.hf.cache import SpecCache
@@ -223,7 +223,7 @@ def hook_points(sections: Sections, target) -> list:
         (SpecCache, "write", wrap("cache_write", SpecCache.write)),
         *[(SpecCache, m, wrap("cache_commit", SpecCache.__dict__[m])) for m in ("commit", "rollback", "crop")],
         (PlainDecoder, "accept", wrap("verify_op", PlainDecoder.accept)),
-        (SpeculativeDecoder, "accept", wrap("verify_op", SpeculativeDecoder.accept)),
+        *[(cls, "accept", wrap("verify_op", cls.accept)) for cls in (ChainSpeculative, TreeSpeculative)],
         (ops, "tree_attention", wrap("attn_dispatch", ops.tree_attention)),
         (target, "forward", wrap("model", target.forward)),
     ]

@@ -125,11 +125,32 @@ def digest(paths, read) -> tuple[str, dict[str, str]]:
     return whole.hexdigest(), each
 
 
+# kernel modules renamed to their op family's name (issue 39): today's path -> the path before, so a record of
+# an older version is made from that version's files (and its own paths), as it was when it was written
+RENAMED = {f"specdec_kernels/{package}/{new}.py": f"specdec_kernels/{package}/{old}.py"
+           for package, names in (("triton", {"rejection_sampling": "rejection_sample",
+                                               "rejection_sampling_logits": "rejection_sample_logits",
+                                               "block_verification": "block_verify",
+                                               "block_verification_logits": "block_verify_logits",
+                                               "attention": "tree_attention", "kv_cache": "kv_compact",
+                                               "early_exit": "early_exit_topk"}),
+                                  ("cuda", {"rejection_sampling": "rejection_sample", "logit_verify_greedy": "greedy_verify",
+                                            "block_verification": "block_verify", "attention": "tree_attention",
+                                            "kv_cache": "kv_compact", "early_exit": "early_exit_topk"}))
+           for new, old in names.items()}
+
+
+def as_of(modules: dict[str, str], read) -> dict[str, str]:
+    """Today's kernel modules under the paths `read`'s version had (RENAMED), where today's path is not there."""
+    return {key: RENAMED[path] if read(path) is None and path in RENAMED else path for key, path in modules.items()}
+
+
 def record(read=working_tree, *, commit: str | None = None, day: str | None = None) -> dict:
     """The fingerprint of every kernel as `read` sees the sources: what a GPU result keeps of what it ran on.
     Which kernels exist, and which files are shared, is today's answer; each kernel's files are its version's."""
-    modules = kernel_modules()
-    shared = shared_sources(sources(modules, working_tree))
+    today = kernel_modules()
+    shared = shared_sources(sources(today, working_tree))
+    modules = as_of(today, read)
     kernels, own, every = {}, {}, {}
     for key, paths in sorted(sources(modules, read).items()):
         if read(modules[key]) is None:

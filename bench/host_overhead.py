@@ -4,7 +4,7 @@ Every registered implementation of the op is replaced by a no-op that returns ou
 (allocated once), so a call costs only the op's own host path: argument checks, backend resolution, the
 custom-op wrapper; kv_compact's stub also computes the cache layout (common/kv_layout.py), the host work its GPU
 launchers do for every call before the launch. Two modes:
-- device: value checks off (ops' `_validate.can_inspect` answers False), which is what a call on CUDA tensors
+- device: value checks off (ops' `validate.can_inspect` answers False), which is what a call on CUDA tensors
   runs in Python (values are never read there: that would sync). The CPU stands in for the GPU machine's host:
   resolve() takes its CPU branch (auto -> torch; on a GPU it also asks the kernels' cached launch plans), and
   the launchers' own host work (Triton's launcher, the CUDA module's call) is not in these rows.
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from specdec_kernels import ops  # noqa: E402
 from specdec_kernels.common import registry  # noqa: E402
 from specdec_kernels.common.kv_layout import cache_layout  # noqa: E402
-from specdec_kernels.ops import _validate  # noqa: E402
+from specdec_kernels.common import validate  # noqa: E402
 from _report import write_report  # noqa: E402
 
 TARGET_US = 30.0
@@ -175,13 +175,13 @@ def stubbed_kernels(outputs: dict):
 @contextlib.contextmanager
 def value_checks(on: bool):
     """mode "device": the ops' value checks answer as they do for CUDA tensors (never inspected)."""
-    saved = _validate.can_inspect
+    saved = validate.can_inspect
     if not on:
-        _validate.can_inspect = lambda x: False
+        validate.can_inspect = lambda x: False
     try:
         yield
     finally:
-        _validate.can_inspect = saved
+        validate.can_inspect = saved
 
 
 def kernel_op(op: str) -> str:

@@ -2,8 +2,10 @@
 
     pytest bench/test_bench_early_exit_topk.py --benchmark-only           # full grid on a GPU, tiny shapes on a CPU
     pytest bench/test_bench_early_exit_topk.py --benchmark-only -k "B64 and cuda"
-Weight bytes and GB/s of weight read go to extra_info. Calls are eager (one call + a sync per
-round); bench_early_exit_topk.py also replays CUDA graphs and flushes L2.
+Each backend is first checked against the float32 reference: at least 90% of the top-k ids equal
+(near-ties may differ; a failing one fails its test). Weight bytes and GB/s of weight read go to
+extra_info. Calls are eager (one call + a sync per round); bench_early_exit_topk.py also replays
+CUDA graphs and flushes L2.
 """
 
 import pytest
@@ -18,7 +20,10 @@ CASES = [(case, backend) for case in be.grid(DEVICE.type == "cpu", torch.bfloat1
 
 @pytest.mark.parametrize("case,backend", CASES, ids=[f"{c.name}-{b}" for c, b in CASES])
 def test_early_exit_topk(benchmark, case, backend):
-    fn = be.callable_for(backend, be.make_inputs(case))
+    inputs = be.make_inputs(case)
+    agreement = be.id_agreement(backend, inputs)
+    assert agreement >= 0.9, f"{backend}: only {agreement:.0%} of the top-k ids equal the reference's"
+    fn = be.callable_for(backend, inputs)
     sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
 
     def call():

@@ -2,8 +2,10 @@
 
     pytest bench/test_bench_kv_compact.py --benchmark-only          # full grid on a GPU, tiny shapes on a CPU
     pytest bench/test_bench_kv_compact.py --benchmark-only -k "B32 and cuda"
-Moved bytes, GB/s and pct_bound (bench/_bound.py) go to extra_info. Calls are
-eager (one call + a sync per round); bench_kv_compact.py also replays CUDA graphs.
+Each backend is first checked against the torch reference (bench_kv_compact.agrees: equal caches and
+lengths, bit for bit; a failing one fails its test). Moved bytes, GB/s and pct_bound (bench/_bound.py)
+go to extra_info. Calls are eager (one call + a sync per round); bench_kv_compact.py also replays
+CUDA graphs.
 """
 
 import pytest
@@ -29,6 +31,8 @@ CASES = bk.runs(bk.grid(DEVICE.type == "cpu", torch.bfloat16, DEVICE), bk.backen
 @pytest.mark.parametrize("case,backend", CASES, ids=[f"{c.name}-{b}" for c, b in CASES])
 def test_kv_compact(benchmark, case, backend):
     inputs = bk.make_inputs(case)
+    if backend != "torch":
+        assert bk.agrees(backend, inputs), f"{backend} leaves other caches than the torch reference"
     fn = bk.callable_for(backend, inputs)
     sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
 

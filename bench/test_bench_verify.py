@@ -2,6 +2,8 @@
 
     pytest bench/ --benchmark-only                  # the full grid on a GPU, tiny shapes on a CPU
     pytest bench/ --benchmark-only -k "rejection and B64"
+Each case is first checked: our backends against the torch reference (bench_verify.agrees, as the
+benchmark's own rows), every backend for an accepted count within [0, g]; a failing one fails its test.
 Bandwidth figures (pct_bound and pct_nominal, bench/_bound.py; L2 not flushed here) go to extra_info.
 """
 
@@ -30,6 +32,11 @@ CASES = [(case, backend) for case in bv.grid(DEVICE.type == "cpu", torch.bfloat1
 def test_verify(benchmark, case, backend):
     inputs = bv.make_inputs(case)
     fn = bv.callable_for(case, backend, inputs)
+    out = fn()
+    if case.op != "max_prob":
+        assert bool(((out[1] >= 0) & (out[1] <= case.g)).all()), f"{backend}: an accepted count outside [0, g]"
+    if backend not in ("naive", "torch"):
+        assert bv.agrees(case.op, out, bv.callable_for(case, "torch", inputs)()), f"{backend} differs from torch"
     sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
 
     def call():

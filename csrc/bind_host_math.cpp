@@ -1,6 +1,6 @@
 // Host builds of the device arithmetic in philox.cuh, for CPU-only tests: CI has
 // no GPU, but it can still prove that the exact functions the CUDA kernels call
-// reproduce reference/rng.py and reference/_sampling.py bit for bit.
+// reproduce common/rng.py and common/sampling.py bit for bit.
 
 #include <pybind11/stl.h>
 

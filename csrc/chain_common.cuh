@@ -1,5 +1,5 @@
 #pragma once
-// Pieces shared by the split-V verification kernels (greedy_verify.cu,
+// Pieces shared by the split-V verification kernels (logit_verify_greedy.cu,
 // logit_verify.cu, tree_verify.cu): the split plan, ragged draft counts and the packed argmax.
 //
 // Grid layout of those kernels: (B, G+1, splits), B in grid x so that it may exceed

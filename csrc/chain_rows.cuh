@@ -1,5 +1,5 @@
 #pragma once
-// Where the split-V chain sampling kernels (rejection_sample.cu, block_verify.cu) find P and Q
+// Where the split-V chain sampling kernels (rejection_sampling.cu, block_verification.cu) find P and Q
 // of a position: a probability row read as it is (ProbRows), or a logits row turned into
 // softmax(x / T) on the fly from the row's merged statistics (LogitRows; the statistics come
 // from softmax_stats.cu's launch, which runs first). The kernels are templates over these, so

@@ -1,6 +1,6 @@
 #pragma once
 // Running top-k arithmetic of early_exit_topk, host- and device-compilable, so the
-// CPU emulation in bind_early_exit_topk.cpp runs the kernel's own selection logic.
+// CPU emulation in bind_early_exit.cpp runs the kernel's own selection logic.
 //
 // A candidate is one u64 key (ordered_key.cuh): order-preserving logit bits << 32 |
 // (2^32 - 1 - id). One integer compare orders by logit, then by the lower id; NaN packs

@@ -156,7 +156,7 @@ Plan plan_tree_attention(int64_t B, int64_t N, int64_t Hq, int64_t Hkv, int64_t 
                          int dtype, const DeviceLimits& lim, int ctas_per_sm = 0);
 
 // ---------------------------------------------------------------------------
-// block_verify (csrc/block_verify.cu): grid (B, G+1, splits) [+ the logits' statistics
+// block_verify (csrc/block_verification.cu): grid (B, G+1, splits) [+ the logits' statistics
 // kernel, grid (B, 2G+1, splits)]. Chunks hold at most kSamplingMaxChunk elements; the
 // workspace depends on B, G and V, never on the device.
 // ---------------------------------------------------------------------------

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "early_exit_math.cuh"
-#include "tree_attention_math.cuh"
+#include "attention_math.cuh"
 
 namespace specdec {
 namespace plans {

@@ -1,9 +1,9 @@
 // Logits verification of speculative-decoding drafts: relaxed_verify (SpecDec),
 // bild_verify (BiLD rollback) and max_prob. See logit_verify.h and the
-// reference in specdec_kernels/reference/chain_verify.py.
+// reference in specdec_kernels/reference/logit_verify.py.
 //
 // relaxed_verify / bild_verify: one launch, grid (B, G+1, splits) as in
-// greedy_verify.cu. Block (b, pos, s) streams the V-chunk s of logits[b, pos]
+// logit_verify_greedy.cu. Block (b, pos, s) streams the V-chunk s of logits[b, pos]
 // once and computes
 //   * the packed argmax key (all positions: the correction / bonus token),
 //   * relaxed: the number of ids ranking ahead of the draft (logit desc, id asc),

@@ -1,6 +1,6 @@
 #pragma once
 // Counter-based randomness and fixed-point sampling arithmetic, bit-identical to
-// specdec_kernels/reference/rng.py and reference/_sampling.py (the specification).
+// specdec_kernels/common/rng.py and common/sampling.py (the specification).
 //
 // Everything here is `SPECDEC_HD`: compiled for the device by nvcc and for the
 // host by the C++ compiler, so CPU-only CI checks these exact functions against
@@ -20,7 +20,7 @@
 
 namespace specdec {
 
-// Salts of the counter's third word (reference/rng.py).
+// Salts of the counter's third word (common/rng.py).
 constexpr uint32_t kSaltAccept = 0;  // the coin that accepts or rejects a drafted token
 constexpr uint32_t kSaltFinal = 1;   // the draw of the correction / bonus token
 
@@ -69,7 +69,7 @@ SPECDEC_HD double philox_uniform(int64_t seed, int64_t position, int64_t row_key
   return static_cast<double>(bits53) * 0x1.0p-53;
 }
 
-// _sampling.to_weights for one element: floor(clamp(x, 0, 1) * 2^40) with NaN -> 0,
+// sampling.to_weights for one element: floor(clamp(x, 0, 1) * 2^40) with NaN -> 0,
 // +inf -> 1, -inf -> 0. x * 2^40 is exact in float32 and x >= 0, so the cast floors.
 SPECDEC_HD int64_t to_weight(float x) {
   if (!(x > 0.0f)) return 0;  // NaN, -inf, negatives and zeros

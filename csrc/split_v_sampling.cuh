@@ -1,5 +1,5 @@
 #pragma once
-// Device pieces shared by the split-V sampling kernels (rejection_sample.cu, block_verify.cu):
+// Device pieces shared by the split-V sampling kernels (rejection_sampling.cu, block_verification.cu):
 // block-wide int64 sums and scans, fixed-point weights of 16-byte slots, the inverse-CDF
 // search over one V-chunk, and the partial / merged softmax statistics of the logits
 // variants. Every kernel that uses them runs kThreads threads per block.

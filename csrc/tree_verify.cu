@@ -2,7 +2,7 @@
 //
 // tree_greedy_verify: grid (B, N, splits). Each block reduces one V-chunk of one
 // node's logits to a packed (value, index) argmax key (common.cuh) and
-// atomicMax-es it into the zeroed workspace, exactly like greedy_verify.cu. The
+// atomicMax-es it into the zeroed workspace, exactly like logit_verify_greedy.cu. The
 // last block to finish a batch row (per-row atomic counter) walks the tree from
 // the root in one thread, writes the outputs and re-zeroes the row's keys and
 // counter, so the workspace is handed back zeroed.
@@ -17,7 +17,7 @@
 // it from p and the rejected siblings' q rows (tree_residual.cuh), so the only
 // buffer is a rank table of B * N * 2 int64 (the rejected child and the total
 // after it, per sibling rank), whatever V. The k-th rejection at a node reads
-// k + 1 rows; see specdec_kernels/triton/tree_rejection.py for the traffic
+// k + 1 rows; see specdec_kernels/triton/tree_verify_sampling.py for the traffic
 // trade-off against a stored residual row.
 // siblings = without replacement (tree_rejection_sampled_kernel): the same walk,
 // plan and rank table, but a node's children share the node's own draft row and
@@ -30,7 +30,7 @@
 // inside one launch, which is only safe with guaranteed co-residency
 // (cooperative launch, or an sm_90 cluster per row) or with per-row work
 // stealing over the V-chunks of each stage, which the Triton kernel does
-// (specdec_kernels/triton/tree_rejection.py): its CUDA twin is a later step.
+// (specdec_kernels/triton/tree_verify_sampling.py): its CUDA twin is a later step.
 
 #include <algorithm>
 #include <cmath>
@@ -89,7 +89,7 @@ tree_greedy_verify_kernel(const T* __restrict__ logits, int64_t stride_b, int64_
   // same used-node count from the same parents).
   if (!node_is_used(parents, b, node, N)) return;
 
-  // ---- 1. argmax of this block's chunk (as in greedy_verify.cu) ------------
+  // ---- 1. argmax of this block's chunk (as in logit_verify_greedy.cu) ------------
   const int64_t start = static_cast<int64_t>(split) * chunk;
   const int64_t end = min(static_cast<int64_t>(V), start + chunk);
   const T* row = logits + b * stride_b + static_cast<int64_t>(node) * stride_n;

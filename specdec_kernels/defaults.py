@@ -3,17 +3,9 @@
 A small Llama target, a smaller Llama draft sharing its tokenizer, a SpecDec drafter and trained
 ("Y") early-exit heads, all trained on the Python standard library's source by
 `bench/train_default_models.py` and shipped inside the package (folder `default_models/`, its
-MADE.md says how they were made). One folder holds one set:
+MADE.md says how they were made). One folder holds one set.
 
-    <path>/tokenizer/          PreTrainedTokenizerFast (tokenizer.json, trained with `tokenizers`)
-    <path>/target/             LlamaForCausalLM (save_pretrained)
-    <path>/draft/              LlamaForCausalLM, same vocabulary
-    <path>/specdec_drafter/    SpecDecDrafter (save_pretrained)
-    <path>/early_exit_heads/   EarlyExitHeads (save_pretrained)
-    <path>/MADE.md             command, device, date, data, training losses
-
-    models = load_default_models(device="cuda")
-    specdec_kernels.generate(models.target, ids, strategy="speculative", draft_model=models.draft, ...)
+More on how it works: docs/internals.md, `specdec_kernels/defaults.py`.
 """
 
 from dataclasses import dataclass

@@ -7,12 +7,7 @@ tokens/s, speed-up over greedy, mean accepted tokens per target forward, accepta
 the tokens equal greedy's. `--models PATH` takes another set in the defaults layout; `--target PATH
 --draft PATH` takes the user's own local HF causal LMs (sharing a tokenizer).
 
-Timing: every method is timed over `--repeats` passes (3), interleaved so that a change of the machine's
-load hits all methods alike; the table gives medians, the speed-up's min-max and the spread of tokens/s,
-and flags a method whose tokens/s varies by more than 25% as noisy. On the CPU it runs with half the
-cores (at most 4) unless `--threads N` or OMP_NUM_THREADS says otherwise: with every core busy, one
-delayed thread stalls each op (measured on a shared 2-core machine: 1 thread 26-38 s for the demo,
-2 threads 262-325 s, every method flagged noisy).
+More on how it works: docs/internals.md, `specdec_kernels/demo.py`.
 """
 
 import argparse

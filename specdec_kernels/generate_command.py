@@ -1,19 +1,6 @@
 """`specdec-kernels generate`: decode your prompts with one strategy and print the text and its statistics.
 
-With no model arguments it uses the embedded default models (specdec_kernels.defaults); `--models PATH`
-takes another set in that layout; `--target PATH` a local HF causal LM, with `--draft PATH` for
-speculative and bild and `--specdec-drafter PATH` for specdec (plain, lookup and ppd with head "N" need neither).
-Each strategy starts from its lossless settings (speculative g=4, specdec top_beta=1, bild
-rollback_rule="exact", ppd k=3); `--option NAME=VALUE` (repeatable) overrides any keyword of the
-strategy, e.g. `--option num_draft_tokens=6` or `--option rollback_rule='"nll"'` (values are Python
-literals; a bare word is a string). `--check` also runs the target's own greedy `generate` and says
-whether the tokens are identical. Prompts come from `--prompt` (repeatable; decoded as one left-padded
-batch) or, without it, from standard input. The text and the statistics go to standard output; the
-device, the CPU threads (`--threads N`; default half the cores, at most 4) and, for a call over 2 s, a
-progress line go to standard error.
-
-    specdec-kernels generate --prompt "def fibonacci(n):" --strategy speculative --check
-    echo "import os" | specdec-kernels generate --strategy ppd --max-new-tokens 48 --json out.json
+More on how it works: docs/internals.md, `specdec_kernels/generate_command.py`.
 """
 
 import argparse

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from specdec_kernels import selftest
-from specdec_kernels.selftest.model import FAIL, PASS, Plan
+from specdec_kernels.selftest.model import FAIL, PASS, SKIP, Plan
+from specdec_kernels.selftest.runner import REFUSAL
 from specdec_kernels.selftest.tiers import CONTROL, spread
 
 # The GPU tests' tiers (`pytest -m gpu --gpu-tier quick|full`; tests/conftest.py sets these variables).
@@ -40,14 +41,25 @@ def catalog_cases(profile: str, device, ops=None, *, where=lambda case: True) ->
 
 def check_case(case, backend: str, device, *, profile: str = "tiny", seed: int = 0, graphs: bool = False) -> None:
     """Run `case` on `backend` against its reference, as the selftest does; fail with the
-    selftest's own message when the backend's answer (or its graph replay) is wrong."""
+    selftest's own message when the backend's answer (or its graph replay) is wrong.
+
+    A case the backend's launch limits refuse fails too: the catalog holds what every backend must
+    serve, so a refusal is a regression of the limits, unless the case leaves that backend out by
+    design (`Case.backends`, then this skips). Only what this machine lacks (a GPU too small for the
+    production shapes) skips."""
     device = torch.device(device)
+    if case.backends and backend not in case.backends:
+        pytest.skip(f"{case.op} [{case.name}] leaves {backend} out by design (Case.backends)")
     plan = Plan(device=device, profile=profile, backends=(backend,), explicit_backends=True, ops=(case.op,),
                 graphs=graphs, engine=False, seed=seed)
     results = selftest.run_case(plan, case, (backend,))
     failures = [f"{r.op} [{r.backend}] {r.case} {r.dtype}: {r.message} (error {r.error})"
                 for r in results if r.status == FAIL]
     assert not failures, "\n".join(failures)
+    refused = [f"{r.op} [{r.backend}] {r.case} {r.dtype}: {r.message}" for r in results
+               if r.status == SKIP and REFUSAL in r.message]
+    assert not refused, ("the launch limits refuse a catalog case (leave the backend out of the case's "
+                         "`backends` if that is by design):\n" + "\n".join(refused))
     if not any(r.status == PASS for r in results):
         pytest.skip("; ".join(r.message for r in results) or "nothing ran")
 

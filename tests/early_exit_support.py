@@ -12,7 +12,7 @@ tolerance of the reported value.
 
 import torch
 
-from specdec_kernels.reference._sampling import nan_to_neg_inf
+from specdec_kernels.common.sampling import nan_to_neg_inf
 from specdec_kernels.reference.early_exit import normalize
 
 REL_TOL = 3e-5  # of sum |h * w|: float32 sums of H terms plus the 16-bit hi/lo split

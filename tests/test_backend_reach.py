@@ -105,7 +105,8 @@ def spy(monkeypatch):
             monkeypatch.setattr(module, "resolve", spy.wrap(registry.resolve))
             spy.modules.append(info.name)
     # every module that defines an op: a new one must be found here too, not silently unwatched
-    assert {"attention", "chain_verify", "early_exit", "kv_cache", "tree_verify"} <= set(spy.modules)
+    assert {"attention", "block_verification", "early_exit", "kv_cache", "logit_verify", "rejection_sampling",
+            "tree_verify"} <= set(spy.modules)
     return spy
 
 

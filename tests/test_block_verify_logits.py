@@ -118,7 +118,7 @@ def test_mutations_fail(monkeypatch, mutant):
 def test_selftest_comparator_excuses_only_boundary_rows():
     """The GPU selftest's `compare_block_logits`: the reference's own answer passes, a row whose
     final token moved far from any decision boundary fails."""
-    from specdec_kernels.selftest.cases_chain import compare_block_logits
+    from specdec_kernels.selftest.cases_block_verification import compare_block_logits
 
     gen = torch.Generator().manual_seed(1)
     batch, g, vocab = 64, 3, 50

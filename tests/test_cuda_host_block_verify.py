@@ -1,4 +1,4 @@
-"""block_verify's CUDA arithmetic (csrc/block_verify_math.cuh), its kernel's steps and its launch
+"""block_verify's CUDA arithmetic (csrc/block_verification_math.cuh), its kernel's steps and its launch
 plans, built for the host and checked against the torch specification
 (reference/block_verification.py) on the CPU: runs wherever _C is built, no GPU touched.
 
@@ -17,7 +17,7 @@ import torch
 
 from specdec_kernels.common import cuda_module as _cuda_module
 from specdec_kernels.reference import block_verification as ref
-from specdec_kernels.reference._sampling import WEIGHT_SCALE
+from specdec_kernels.common.sampling import WEIGHT_SCALE
 
 _C = _cuda_module.load()
 pytestmark = pytest.mark.skipif(_C is None or not hasattr(_C, "host_block_verify"),
@@ -252,7 +252,7 @@ def _params(name):
 def test_launcher_arguments_match_the_bindings(index_dtype, seeded):
     """The launchers pass every argument the bindings take, index tensors as they are (no
     int64 copy, strides kept), on CPU tensors (the arguments are only addresses and numbers)."""
-    from specdec_kernels.cuda import block_verify as launcher
+    from specdec_kernels.cuda import block_verification as launcher
 
     B, g, V = 3, 4, 50
     target = torch.rand(B, g + 1, V)
@@ -301,6 +301,6 @@ def test_cuda_backends_are_registered_with_limits():
     for op in ("block_verify", "block_verify_logits"):
         assert "cuda" in registry.implemented_backends(op)
         assert (op, "cuda") in registry._LIMITS
-    from specdec_kernels.cuda import block_verify as launcher
+    from specdec_kernels.cuda import block_verification as launcher
 
     assert "num_draft_tokens" in inspect.signature(launcher.block_verify).parameters

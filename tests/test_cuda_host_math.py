@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specdec_kernels.common import cuda_module as _cuda_module
-from specdec_kernels.reference import _sampling, rng
+from specdec_kernels.common import rng, sampling
 
 _C = _cuda_module.load()
 pytestmark = pytest.mark.skipif(_C is None, reason="specdec_kernels._C is not built here")
@@ -40,7 +40,7 @@ def test_host_to_weights_is_the_reference():
                    torch.randn(2000, generator=gen)]).float()
     for dtype in (torch.float32, torch.float16, torch.bfloat16):  # the kernels widen to fp32 first
         xs = x.to(dtype).float()
-        expected = _sampling.to_weights(xs)
+        expected = sampling.to_weights(xs)
         got = torch.tensor(_C.host_to_weights(xs.tolist()), dtype=torch.int64)
         assert torch.equal(got, expected), dtype
 
@@ -52,7 +52,7 @@ def test_host_draw_threshold_is_the_reference():
     total[:4] = torch.tensor([0, 1, 2**40, 151936 * 2**40])
     u = torch.cat([u, torch.tensor([1.0, 1.5, float("nan"), -0.5, 1e300, 1.0 - 2.0**-53])])
     total = torch.cat([total, torch.tensor([2**40, 7, 2**40, 5, 2**57, 2**54 + 3])])
-    expected = _sampling.draw_threshold(u, total)
+    expected = sampling.draw_threshold(u, total)
     assert torch.equal(expected[:5000], torch.floor(u[:5000] * total[:5000].double()).to(torch.int64))  # valid u: plain floor
     assert bool(((expected >= 0) & (expected <= (total - 1).clamp(min=0))).all())
     assert expected[-6:-1].tolist() == [2**40 - 1, 6, 0, 0, 2**57 - 1]
@@ -68,7 +68,7 @@ def test_host_draw_threshold_is_the_reference():
 
 from specdec_kernels import reference  # noqa: E402
 from specdec_kernels.cuda.logit_verify import _float32  # noqa: E402
-from specdec_kernels.reference._sampling import gather_token_values, nan_to_neg_inf  # noqa: E402
+from specdec_kernels.common.sampling import gather_token_values, nan_to_neg_inf  # noqa: E402
 
 INF, NAN = float("inf"), float("nan")
 EMULATED_PLANS = ((4096, 256), (16, 3), (8, 1), (5, 2))  # (chunk, lanes): one split .. many splits

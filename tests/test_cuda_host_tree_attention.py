@@ -1,4 +1,4 @@
-"""The CUDA tree-attention kernels' index and softmax arithmetic (csrc/tree_attention_math.cuh
+"""The CUDA tree-attention kernels' index and softmax arithmetic (csrc/attention_math.cuh
 and the launch plan), built for the host, against the torch specification: runs in CPU-only CI
 whenever _C is built. The kernels' memory layout, MMA fragments and synchronisation are covered
 by tests/test_gpu_tree_attention_cuda.py on a GPU."""
@@ -11,14 +11,14 @@ import torch
 from specdec_kernels import reference
 from specdec_kernels.common import cuda_module as _cuda_module
 from specdec_kernels.reference.tree import ancestor_mask
-from specdec_kernels.selftest.cases_tree import biased_parents as random_parents
+from specdec_kernels.selftest.tree_inputs import biased_parents as random_parents
 
 _C = _cuda_module.load()
 pytestmark = pytest.mark.skipif(_C is None or not hasattr(_C, "host_tree_attention_row"),
                                 reason="specdec_kernels._C (with tree attention) is not built here")
 
 FLOAT32, FLOAT16, BFLOAT16 = 0, 1, 2  # csrc/common.cuh dtype codes
-KEY_ALIGN, MIN_SPLIT_KEYS, MAX_SPLITS = 64, 256, 64  # csrc/tree_attention_math.cuh
+KEY_ALIGN, MIN_SPLIT_KEYS, MAX_SPLITS = 64, 256, 64  # csrc/attention_math.cuh
 
 
 def random_tree(n, gen, unused_frac=0.2):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec_kernels.common import cuda_module as _cuda_module
-from specdec_kernels.reference._sampling import to_weights
+from specdec_kernels.common.sampling import to_weights
 
 _C = _cuda_module.load()
 pytestmark = pytest.mark.skipif(_C is None, reason="specdec_kernels._C is not built here")

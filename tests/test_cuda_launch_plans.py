@@ -439,7 +439,7 @@ def test_tree_attention_d64_runs(dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("B, H", [(3, 4096), (4, 3072), (8, 1536), (7, 8192), (8, 16384)])
-def test_early_exit_topk_shapes_of_finding_2_run(B, H):
+def test_early_exit_topk_runs_wide_hidden_sizes_at_batch_7_and_above(B, H):
     from specdec_kernels import ops
 
     gen = torch.Generator(device="cuda").manual_seed(B * H)

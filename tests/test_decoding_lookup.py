@@ -11,6 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import specdec_kernels
 from specdec_kernels.decoding import LookupCache, LookupDecoder, clear_graph_cache, graphs
 from specdec_kernels.decoding import lookup as lookup_module
+from specdec_kernels.decoding.engine import Engine
+from specdec_kernels.decoding.strategy import Accepted
 from specdec_kernels.decoding.lookup_match import chain, scan
 from specdec_kernels.decoding.lookup_tree import tree
 
@@ -92,7 +94,7 @@ def test_the_encoder_input_is_looked_up(targets, monkeypatch):
                         lambda self, engine: proposals.append(real(self, engine)) or proposals[-1])
     source = torch.tensor([[9, 2, 17, 18, 19, 20, 21]])
     out = specdec_kernels.generate(target, source, strategy="lookup", max_new_tokens=8, num_draft_tokens=4)
-    first = proposals[0]
+    first, _ = proposals[0]  # (the proposal, each row's draft count)
     assert first.tokens[0, :int(first.num_draft[0])].tolist() == [17, 18, 19, 20]
     assert_rows_equal(new_tokens(out, source, target), hf_alone(target, source, torch.ones_like(source), new=8))
 
@@ -249,17 +251,17 @@ def test_mutations_fail_the_identity_check(targets, monkeypatch, mutation):
         real = LookupDecoder.accept
 
         def accept_all(self, engine, proposal, logits):
-            out, _ = real(self, engine, proposal, logits)
+            out = real(self, engine, proposal, logits).tokens
             count = proposal.num_draft if proposal.num_draft is not None else torch.zeros_like(engine.root)
             drafts = torch.cat([proposal.tokens, out[:, :1]], dim=1)
             keep = torch.arange(proposal.tokens.shape[1] + 1) <= count.unsqueeze(1)
-            return torch.where(keep, drafts, -1), count
+            return Accepted(torch.where(keep, drafts, -1), count)
 
         monkeypatch.setattr(LookupDecoder, "accept", accept_all)
         options = {}
     else:
-        monkeypatch.setattr(LookupDecoder, "commit_target",
-                            lambda self, engine, proposal, num_accepted: engine.cache.rollback(num_accepted))
+        monkeypatch.setattr(Engine, "commit_target",
+                            lambda self, proposal, accepted: self.cache.rollback(accepted.num_accepted))
         options = dict(tree_nodes=6)
     out = specdec_kernels.generate(target, ids, attention_mask=mask, strategy="lookup", max_new_tokens=NEW,
                                    pad_token_id=0, **options)

@@ -4,7 +4,7 @@ early-exit top-k; an always-hit candidate
 source emits two tokens per step and a never-hit one one, and both leave the KV cache a greedy
 prefill of the same tokens computes; trained "Y" heads lower the held-out KL to the final
 layer and survive save/load; ppd.theory reproduces the paper's Figure 3/4 numbers from its
-Table 2 match rates (shared/notes/ppd.md §5.1); match_rate gives a Table-2-shaped table."""
+Table 2 match rates (worked out from the paper's Theorem 4.1); match_rate gives a Table-2-shaped table."""
 
 import pytest
 import torch
@@ -171,7 +171,7 @@ def test_trained_heads_lower_kl_and_reload(model, tmp_path):
 
 
 # the paper's layer-20 Table 2 match rates (Vicuna-13B, d = 40) and the Figure 3/4 values they
-# give (shared/notes/ppd.md §5.1): (p, k, latency per token / d, compute per time unit, compute per token / d)
+# give by Theorem 4.1: (p, k, latency per token / d, compute per time unit, compute per token / d)
 FIGURE_POINTS = [
     (0.3890, 1, 0.805, 1.621, 1.305), (0.5281, 1, 0.736, 1.679, 1.236), (0.5404, 3, 0.730, 3.055, 2.230),
     (0.6837, 3, 0.658, 3.279, 2.158), (0.6015, 5, 0.699, 4.575, 3.199), (0.7415, 5, 0.629, 4.973, 3.129),

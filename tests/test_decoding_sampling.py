@@ -9,7 +9,8 @@ import torch
 
 import specdec_kernels
 from specdec_kernels import ops
-from specdec_kernels.decoding import SpeculativeDecoder
+from specdec_kernels.decoding import ChainSpeculative, SpeculativeDecoder
+from specdec_kernels.decoding.strategy import Accepted
 from specdec_kernels.decoding.standardize import Sampling, draw, standardize
 
 from hf_support import one_thread
@@ -20,17 +21,18 @@ def models():
     return tiny_llama(0), tiny_llama(1)  # independent weights: many rejections, the residual matters
 
 
-class ResampleFromP(SpeculativeDecoder):
+class ResampleFromP(ChainSpeculative):
     """A deliberately wrong rule: after a rejection, draw from p instead of the residual."""
 
     def accept(self, engine, proposal, logits):
-        out, num_accepted = super().accept(engine, proposal, logits)
+        verdict = super().accept(engine, proposal, logits)
+        out, num_accepted = verdict.tokens, verdict.num_accepted
         p = standardize(logits, engine.sampling)
         rows = torch.arange(p.shape[0])
         wrong = draw(p[rows, num_accepted], engine.seeds, engine.cursor + num_accepted, salt=7)
         rejected = num_accepted < proposal.tokens.shape[1]
         out[rows, num_accepted] = torch.where(rejected, wrong, out[rows, num_accepted])
-        return out, num_accepted
+        return Accepted(out, num_accepted)
 
 
 SETTINGS = [dict(temperature=1.0, top_k=None, top_p=None), dict(temperature=0.7, top_k=6, top_p=0.8)]

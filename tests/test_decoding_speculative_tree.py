@@ -126,10 +126,14 @@ def test_caches_after_tree_steps_equal_a_plain_run(pair):
         engine = Engine(target, strategy, ids, attention_mask=mask, max_new_tokens=NEW, sampling=Sampling(),
                         pad_token_id=0, eos_token_id=[], backend="torch", cuda_graphs=False)
         engine.setup()
+        verdicts = []
+        real_accept = strategy.accept
+        strategy.accept = lambda *args: verdicts.append(real_accept(*args)) or verdicts[-1]
         for step in range(3):
+            engine.plan_step(step == 0)
             proposal = strategy.propose(engine, step == 0)
-            engine.verify_step(proposal.tokens, proposal.probs, proposal.num_draft, proposal.extra)
-            nodes = strategy.accepted_nodes
+            engine.verify_step(proposal.tokens, proposal.probs, proposal.num_draft, proposal.extra, proposal.parents)
+            nodes = verdicts[-1].nodes
             depth = torch.arange(nodes.shape[1]).expand_as(nodes)
             moved += int(((nodes >= 0) & (nodes != depth)).sum())  # entries kv_compact had to move
             rows = [committed(engine, b) for b in range(ids.shape[0])]

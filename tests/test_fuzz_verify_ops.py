@@ -61,9 +61,9 @@ import torch.nn.functional as F
 
 from specdec_kernels import ops, reference
 from specdec_kernels.common import registry
-from specdec_kernels.reference import rng
-from specdec_kernels.reference._sampling import gather_token_values, nan_to_neg_inf, safe_argmax, to_weights
-from specdec_kernels.reference.chain_verify import seed_and_row_key
+from specdec_kernels.common import rng
+from specdec_kernels.common.sampling import gather_token_values, nan_to_neg_inf, safe_argmax, to_weights
+from specdec_kernels.common.draws import seed_and_row_key
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
                                         "ignore:overflow encountered:RuntimeWarning")  # interpreter NaN/inf math

@@ -1,8 +1,8 @@
 """GPU tests of block_verify / block_verify_logits on every GPU backend this machine has
-(`gpu_support.backends_here`: triton, and cuda once csrc/block_verify*.cu is built and registered).
+(`gpu_support.backends_here`: triton, and cuda once csrc/block_verification*.cu is built and registered).
 
-The kernel cases are the catalog's (selftest/cases_chain.py: a sample per op; `--gpu-tier full`: all of "full":
-B up to 300, V up to 151936, every dtype and randomness mode, hostile rows with out-of-range
+The kernel cases are the catalog's (selftest/cases_block_verification.py: a sample per op; `--gpu-tier full`:
+all of "full": B up to 300, V up to 151936, every dtype and randomness mode, hostile rows with out-of-range
 ids, g = 0, one-hot drafts, strided and int32 inputs, per-row temperatures, CUDA-graph
 replays), through the public ops (or, for ids the op would refuse on the CPU, the backend
 itself), judged as `specdec-kernels selftest` judges them: bit for bit for probabilities,

@@ -38,9 +38,9 @@ def test_closures_follow_relative_imports_and_includes():
 def test_every_kernel_has_its_own_sources_and_the_backends_share_theirs():
     now = gpu_changes.record()
     assert {key.split("/")[1] for key in now["kernels"]} == {"cuda", "triton"}
-    assert "csrc/block_verify.cu" in now["sources"]["block_verify/cuda"]
+    assert "csrc/block_verification.cu" in now["sources"]["block_verify/cuda"]
     assert "csrc/split_v_sampling.cuh" in now["sources"]["rejection_sample/cuda"]  # reached through the .cu
-    assert "specdec_kernels/triton/tree_rejection.py" in now["sources"]["tree_rejection_sample/triton"]  # the kernel
+    assert "specdec_kernels/triton/tree_verify_sampling.py" in now["sources"]["tree_rejection_sample/triton"]  # the kernel
     assert "specdec_kernels/triton/_launch.py" in now["shared"]["triton"]  # every Triton kernel reads it
     assert not any(path in paths for key, paths in now["sources"].items() for path in now["shared"][key.split("/")[1]])
 

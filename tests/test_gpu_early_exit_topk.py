@@ -43,6 +43,6 @@ def test_cuda_graph_capture_and_zeroed_workspace(backend):
         torch.cuda.synchronize()
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     if backend == "cuda":
-        from specdec_kernels.cuda import _launch
-        for buffer in _launch._zeroed_workspaces.values():
+        from specdec_kernels.common import workspace
+        for buffer in workspace._zeroed_workspaces.values():
             assert int(buffer.count_nonzero()) == 0

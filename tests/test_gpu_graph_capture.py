@@ -10,7 +10,7 @@ from gpu_support import CUDA_KERNEL_MARKS
 pytestmark = CUDA_KERNEL_MARKS
 
 from specdec_kernels import ops  # noqa: E402
-from specdec_kernels.cuda import greedy_verify as launcher  # noqa: E402
+from specdec_kernels.cuda import logit_verify_greedy as launcher  # noqa: E402
 from specdec_kernels.decoding.graphs import GraphRunner  # noqa: E402
 
 

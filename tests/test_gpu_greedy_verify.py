@@ -1,6 +1,6 @@
 """GPU tests of greedy_verify: the case catalog on every GPU backend, and the raw _C contract.
 
-The kernel cases are the catalog's (selftest/cases_chain.py: a sample per op; `--gpu-tier full`: all of "full":
+The kernel cases are the catalog's (selftest/cases_logit_verify.py: a sample per op; `--gpu-tier full`: all of "full":
 V up to 151936, B up to 256, every dtype, ragged and clamped counts, NaN / inf / tie rows at
 every position, ties across CUDA chunks, out-of-range ids, strided and unaligned logits, g = 0,
 empty batches, CUDA-graph replays), run through the public op on backend "cuda" and "triton"

@@ -1,6 +1,6 @@
-"""GPU tests of the CUDA (csrc/kv_compact.cu) and Triton kv_compact backends.
+"""GPU tests of the CUDA (csrc/kv_cache.cu) and Triton kv_compact backends.
 
-The kernel cases come from the case catalog (specdec_kernels/selftest/cases_kv.py, the "full"
+The kernel cases come from the case catalog (specdec_kernels/selftest/cases_kv_cache.py, the "full"
 tier, the one `specdec-kernels selftest` runs): real shapes (32 layers, B in {1, 8, 32}, N in
 {8, 64}, Hkv 8, D 128, bf16) in one allocation (fast path) and as separate tensors (device
 table), other dtypes with int32 lengths, misaligned views, long paths, chains / root-only / empty
@@ -23,7 +23,7 @@ from catalog_support import check_case, gpu_catalog, gpu_profile, skip_unless_ba
 
 from specdec_kernels import ops  # noqa: E402
 from specdec_kernels.common import kv_layout as _kv_layout  # noqa: E402
-from specdec_kernels.selftest.cases_kv import random_accepted  # noqa: E402
+from specdec_kernels.selftest.cases_kv_cache import random_accepted  # noqa: E402
 
 BACKENDS = ["cuda", "triton"]
 

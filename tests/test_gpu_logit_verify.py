@@ -1,6 +1,6 @@
 """GPU tests of relaxed_verify, bild_verify and max_prob (csrc/logit_verify.cu, and Triton).
 
-The kernel cases are the catalog's (selftest/cases_chain.py: a sample per op; `--gpu-tier full`: all of "full":
+The kernel cases are the catalog's (selftest/cases_logit_verify.py: a sample per op; `--gpu-tier full`: all of "full":
 random shapes up to V = 151936 / B = 256 in every dtype, beta / tau sweeps and boundaries, tau
 in float32, BiLD thresholds 0 / inf / clear of the logsumexp band, NaN / inf / tie rows at
 every position, ties across CUDA chunks, out-of-range ids, strided and unaligned logits, g = 0,
@@ -21,7 +21,7 @@ from catalog_support import check_case, gpu_catalog, gpu_profile, skip_unless_ba
 from gpu_support import CUDA_KERNEL_MARKS, _C  # noqa: E402
 
 from specdec_kernels import ops  # noqa: E402
-from specdec_kernels.reference._sampling import nan_to_neg_inf  # noqa: E402
+from specdec_kernels.common.sampling import nan_to_neg_inf  # noqa: E402
 from specdec_kernels.selftest.compare import draft_nll_band  # noqa: E402
 
 pytestmark = CUDA_KERNEL_MARKS
@@ -125,10 +125,10 @@ def random_logits(batch, g, vocab, dtype, gen, scale=3.0):
 
 
 def cached_workspaces_are_zero():
-    from specdec_kernels.cuda import _launch
+    from specdec_kernels.common import workspace
 
     torch.cuda.synchronize()
-    return all(int(buf.count_nonzero()) == 0 for buf in _launch._zeroed_workspaces.values())
+    return all(int(buf.count_nonzero()) == 0 for buf in workspace._zeroed_workspaces.values())
 
 
 # ----------------------------------------------------------------------------- the catalog

@@ -1,4 +1,4 @@
-"""GPU tests of the CUDA tree_attention (csrc/tree_attention.cu).
+"""GPU tests of the CUDA tree_attention (csrc/attention.cu).
 
 The kernel cases come from the case catalog (specdec_kernels/selftest/cases_attention.py, the
 "full" tier, the one `specdec-kernels selftest` runs; the same cases run on triton in
@@ -35,11 +35,12 @@ torch = pytest.importorskip("torch")
 
 from catalog_support import check_case, gpu_catalog, gpu_profile  # noqa: E402
 from gpu_support import CUDA_KERNEL_MARKS, _C  # noqa: E402
-from specdec_kernels.selftest.cases_tree import biased_parents as random_parents  # noqa: E402
+from specdec_kernels.selftest.tree_inputs import biased_parents as random_parents  # noqa: E402
 
 pytestmark = CUDA_KERNEL_MARKS
 
 from specdec_kernels import ops, reference  # noqa: E402
+from specdec_kernels.common import workspace  # noqa: E402
 from specdec_kernels.cuda import _launch  # noqa: E402
 
 DTYPE_IDS = lambda d: str(d).split(".")[-1]  # noqa: E731
@@ -266,7 +267,7 @@ def test_deterministic_and_workspace_left_zeroed():
     second = cuda_attention(q, k, v, seq_lens, parents)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
     torch.cuda.synchronize()
-    for buffer in _launch._zeroed_workspaces.values():
+    for buffer in workspace._zeroed_workspaces.values():
         assert not bool(buffer.any())
 
 

@@ -1,4 +1,4 @@
-"""GPU tests of the Triton tree_attention (specdec_kernels/triton/tree_attention.py).
+"""GPU tests of the Triton tree_attention (specdec_kernels/triton/attention.py).
 
 The kernel cases come from the case catalog (specdec_kernels/selftest/cases_attention.py, the
 "full" tier, the one `specdec-kernels selftest` runs): real shapes (Hq 32 / Hkv 8, D 128 and 64,

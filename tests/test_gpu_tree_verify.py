@@ -1,7 +1,7 @@
 """GPU tests of tree_greedy_verify / tree_rejection_sample on the cuda (csrc/tree_verify.cu)
 and triton backends.
 
-The kernel cases come from the case catalog (specdec_kernels/selftest/cases_tree.py, the "full"
+The kernel cases come from the case catalog (specdec_kernels/selftest/cases_tree_verify.py, the "full"
 tier, the one `specdec-kernels selftest` runs), bit for bit against the torch reference on the
 same GPU tensors: random trees with garbage and out-of-range ids over B in {1, 4, 16} and V in
 {32000, 128256} at every dtype, randomness mode and depth cut; adversarial logit and probability
@@ -24,8 +24,8 @@ pytestmark = CUDA_KERNEL_MARKS
 
 from specdec_kernels import ops  # noqa: E402
 from specdec_kernels.reference import chain_parents  # noqa: E402
-from specdec_kernels.reference._sampling import safe_argmax  # noqa: E402
-from specdec_kernels.selftest.cases_tree import biased_parents, garbage_tokens  # noqa: E402
+from specdec_kernels.common.sampling import safe_argmax  # noqa: E402
+from specdec_kernels.selftest.tree_inputs import biased_parents, garbage_tokens  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DTYPE_IDS = lambda d: str(d).split(".")[-1]  # noqa: E731
@@ -137,7 +137,7 @@ def test_greedy_chain_equals_greedy_verify(dtype, V):
 
 
 def test_greedy_workspace_left_zeroed_over_repeated_calls():
-    from specdec_kernels.cuda import _launch
+    from specdec_kernels.common import workspace
 
     gen = torch.Generator().manual_seed(4)
     cgen = torch.Generator(device="cuda").manual_seed(4)
@@ -148,7 +148,7 @@ def test_greedy_workspace_left_zeroed_over_repeated_calls():
         tokens = garbage_tokens(parents, safe_argmax(logits), V, gen)
         run_greedy(logits, tokens.cuda(), parents.cuda())
         torch.cuda.synchronize()
-        for buf in _launch._zeroed_workspaces.values():
+        for buf in workspace._zeroed_workspaces.values():
             assert int(buf.count_nonzero()) == 0, step
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec_kernels.hf import SpecCache
-from specdec_kernels.ops import _validate
+from specdec_kernels.common import validate
 
 from hf_support import one_thread
 
@@ -168,7 +168,7 @@ def test_random_operation_sequences_match_the_python_model():
 def test_random_sequences_without_reading_lengths_back(monkeypatch):
     """As on a GPU: no value is read back, the cache keeps a host-side bound of the lengths and
     reads them (one sync) only when a write might pass S_max; errors stay exact."""
-    monkeypatch.setattr(_validate, "can_inspect", lambda tensor: False)
+    monkeypatch.setattr(validate, "can_inspect", lambda tensor: False)
     run_sequences(200, seed=1)
 
 

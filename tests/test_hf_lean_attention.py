@@ -7,7 +7,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from specdec_kernels import ops, reference
 from specdec_kernels.common import registry
-from specdec_kernels.ops import chain_verify
+from specdec_kernels.ops import logit_verify
 from specdec_kernels.hf.attention import ChainPlan, chain_attention
 
 
@@ -56,5 +56,5 @@ def test_eager_shortcut_runs_the_body_and_tracing_keeps_the_custom_op():
     with FakeTensorMode() as mode:  # fake tensors: only the custom op's fake implementation can serve them
         fake_logits, fake_drafts = mode.from_tensor(logits), mode.from_tensor(drafts)
         assert not registry.eager([fake_logits])
-        out, accepted = chain_verify._greedy_verify_op(fake_logits, fake_drafts, None, "torch")  # ops' wrapper reads values
+        out, accepted = logit_verify._greedy_verify_op(fake_logits, fake_drafts, None, "torch")  # ops' wrapper reads values
         assert out.shape == (2, 3) and accepted.shape == (2,)

@@ -9,7 +9,7 @@ Three groups:
 - chi-square tests of every sampled output (torch, and cuda where present; the Triton backend is
   shown bit-identical to torch through these entry points instead, since the interpreter runs
   each program in numpy);
-- one test per difference listed in the module docstring (D1..D13 there and here).
+- one test per difference listed in docs/flashinfer-sglang.md (each named after its difference).
 
 No FlashInfer is imported: its facts are restated, its code is not.
 """
@@ -22,7 +22,8 @@ from scipy import stats
 from specdec_kernels import ops
 from specdec_kernels.integrations import flashinfer as fi
 from specdec_kernels.integrations.flashinfer import chain_speculative_sampling, chain_speculative_sampling_legacy
-from specdec_kernels.reference import rng
+from specdec_kernels.common import rng
+from specdec_kernels.common.draws import draft_passes
 from gpu_support import backends_here
 
 GPU = torch.cuda.is_available()
@@ -354,7 +355,7 @@ def rows(case, index):
 def test_seed_and_offset_tensors_follow_requests(backend, reject_at, dtype, seed_size, offset_size):
     """test_sampling_seed_offset.py::test_chain_sampling_row_seed_offset: with a length-B seed or
     offset each row equals that request sampled alone, also in any reordered subset of rows; with
-    length-1 tensors the batch equals the int seed/offset call (D4: FlashInfer 0.6.x reads element 0)."""
+    length-1 tensors the batch equals the int seed/offset call (FlashInfer 0.6.x reads element 0)."""
     case = chain_sampler(reject_at)
     seed = torch.tensor([17, 324, 907, 1049][:seed_size], dtype=dtype, device=DEV)
     offset = torch.tensor([0, 128, 512, 1024][:offset_size], dtype=dtype, device=DEV)
@@ -533,7 +534,7 @@ def test_legacy_final_draw_uses_column_pos_plus_one(backend):
 # ============================================================== documented differences (module docstring)
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_d1_stream_keying(backend):
+def test_random_streams_are_keyed_per_row(backend):
     """Row b of an int-seeded batch draws with seed ^ (b << 32) at offset..offset+g: it equals a
     batch of one with that seed, and the op's own per-request seed mode."""
     gen = torch.Generator().manual_seed(10)
@@ -552,7 +553,7 @@ def test_d1_stream_keying(backend):
 
 
 @pytest.mark.parametrize("backend", FAST)
-def test_d2_offset_counts_modulo_2_pow_32(backend):
+def test_offset_counts_modulo_2_pow_32(backend):
     gen = torch.Generator().manual_seed(11)
     case = adversarial_case(gen, batch=64, vocab=20)
     a = chain_speculative_sampling(*case, seed=5, offset=7, backend=backend)
@@ -561,7 +562,7 @@ def test_d2_offset_counts_modulo_2_pow_32(backend):
 
 
 @pytest.mark.parametrize("backend", FAST)
-def test_d3_generator_mode_is_one_torch_rand(backend):
+def test_generator_mode_is_one_torch_rand(backend):
     """Without both seed and offset: one torch.rand(B, g + 1, float64) from the generator (coins,
     then the final draw), advancing it by exactly that call; a lone seed or offset is unused, as in
     FlashInfer."""
@@ -585,7 +586,7 @@ def test_d3_generator_mode_is_one_torch_rand(backend):
 
 
 @pytest.mark.parametrize("backend", FAST)
-def test_d4_length_b_seeds_are_not_collapsed_to_the_first(backend):
+def test_length_b_seeds_are_not_collapsed_to_the_first(backend):
     """FlashInfer 0.6.x would use seed[0] for every row; ours differ from that batch."""
     gen = torch.Generator().manual_seed(15)
     case = adversarial_case(gen, batch=32, vocab=20)
@@ -597,7 +598,7 @@ def test_d4_length_b_seeds_are_not_collapsed_to_the_first(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_d5_int64_counters_are_updated_in_place(backend):
+def test_int64_counters_are_updated_in_place(backend):
     draft, target = torch.tensor(DOC_DRAFT, device=DEV), torch.tensor(DOC_TARGET, device=DEV)
     ids = torch.tensor([[2, 1]], device=DEV)
     accepted = torch.tensor([10], dtype=torch.int64, device=DEV)
@@ -608,7 +609,7 @@ def test_d5_int64_counters_are_updated_in_place(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_d6_the_acceptance_test_is_exact(backend):
+def test_the_acceptance_test_is_exact(backend):
     """u * q < p decided exactly: with p = float32(u * q) rounded up, FlashInfer's float32 product
     equals p and rejects, ours accepts. And u < 1: a draft with p == q passes even at the largest
     uniform below 1; a uniform of 1.0 (or NaN) is refused."""
@@ -638,7 +639,7 @@ def test_d6_the_acceptance_test_is_exact(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_d7_residual_entries_below_2_pow_40_count_as_zero(backend):
+def test_residual_entries_below_2_pow_40_count_as_zero(backend):
     """The only residual mass is 1e-13 on id 5 (< 2**-40): FlashInfer's float residual would draw
     id 5; ours finds the residual empty and draws from the target row (ids 0 and 1)."""
     draft = torch.tensor([[[0.5, 0.5] + [0.0] * 6]], device=DEV)
@@ -653,7 +654,7 @@ def test_d7_residual_entries_below_2_pow_40_count_as_zero(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_d8_empty_residual_gives_an_in_range_token(backend):
+def test_empty_residual_gives_an_in_range_token(backend):
     """An all-zero (or NaN) target row at the rejected position: the draft is rejected and the
     token is 0 (FlashInfer's kernel returns an uninitialised id there)."""
     draft = torch.full((2, 1, 6), 1 / 6, device=DEV)
@@ -667,7 +668,7 @@ def test_d8_empty_residual_gives_an_in_range_token(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_d9_invalid_draft_ids(backend):
+def test_invalid_draft_ids_are_rejected_drafts(backend):
     """-1 is a rejected draft, not counted in accepted; on CPU an id below -1 or >= V raises."""
     draft = torch.full((1, 3, 5), 0.2, device=DEV)
     target = torch.full((1, 4, 5), 0.2, device=DEV)  # p == q: every valid draft passes
@@ -682,7 +683,7 @@ def test_d9_invalid_draft_ids(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_d10_deterministic_changes_nothing(backend):
+def test_deterministic_changes_nothing(backend):
     gen = torch.Generator().manual_seed(17)
     case = adversarial_case(gen)
     assert same(chain_speculative_sampling(*case, deterministic=True, seed=3, offset=1, backend=backend),
@@ -690,7 +691,7 @@ def test_d10_deterministic_changes_nothing(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_d11_dtypes_and_strides(backend):
+def test_dtypes_and_strides(backend):
     """Half inputs give what their float32 upcast gives; float64, mixed dtypes, int16 ids and
     strided views are accepted with the same result."""
     gen = torch.Generator().manual_seed(18)
@@ -714,9 +715,9 @@ def test_d11_dtypes_and_strides(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_d12_accepted_uses_the_ops_own_coins(backend):
-    """accepted_num's per-position tests are recomputed beside the op from the same uniforms: the
-    leading run of passing tests is exactly what the op emitted, in every randomness mode."""
+def test_accepted_uses_the_ops_own_coins(backend):
+    """accepted_num counts common.draws.draft_passes, the test the reference op accepts a prefix of, on
+    the op's own uniforms: its leading run is exactly what the op emitted, in every randomness mode."""
     gen = torch.Generator().manual_seed(19)
     batch, g, vocab = (4, 3, 12) if backend in INTERPRETED else (256, 4, 12)
     q, drafts, p = sampled_case(gen, batch, g, vocab)
@@ -731,7 +732,7 @@ def test_d12_accepted_uses_the_ops_own_coins(backend):
             seeds, offsets = fi._seeds_and_offsets(seed, kwargs["offset"], batch, DEV)
             coins = rng.philox_uniform(seeds[:, None], offsets[:, None] + torch.arange(g, device=DEV), 0,
                                        rng.SALT_ACCEPT)
-        passes = fi._passes(q, drafts, p, coins)
+        passes = draft_passes(p, q, drafts, coins)
         out, accepted, emitted = chain_speculative_sampling(q, drafts, p, backend=backend, **kwargs)
         assert torch.equal(accepted, passes.sum(dim=1).int())
         assert torch.equal(emitted, torch.cumprod(passes.int(), dim=1).sum(dim=1).int())
@@ -766,7 +767,7 @@ BAD_ARGUMENTS = [
 
 
 @pytest.mark.parametrize("bad, error, message", BAD_ARGUMENTS)
-def test_d13_validation_names_the_argument(bad, error, message):
+def test_validation_names_the_argument(bad, error, message):
     args = dict(draft_probs=torch.full((2, 3, 5), 0.2), draft_token_ids=torch.zeros(2, 3, dtype=torch.int32),
                 target_probs=torch.full((2, 4, 5), 0.2))
     args.update(bad)
@@ -775,7 +776,7 @@ def test_d13_validation_names_the_argument(bad, error, message):
     assert str(info.value).startswith("chain_speculative_sampling: ") and "\n" not in str(info.value)
 
 
-def test_d13_legacy_validation_names_the_argument():
+def test_legacy_validation_names_the_argument():
     draft, target = torch.full((2, 3, 5), 0.2), torch.full((2, 4, 5), 0.2)
     ids = torch.zeros(2, 3, dtype=torch.int32)
     with pytest.raises(ValueError, match="`uniform_samples` must have shape"):

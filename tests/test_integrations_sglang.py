@@ -11,7 +11,7 @@ Ported facts (our own code and data, the assertions of SGLang's kernel tests):
   trees; `deterministic` True and False give the same outputs) are checked here against a plain
   model of SGLang's kernel (tests/sglang_support.py).
 Plus: chi-square tests of the threshold-1 path (target-only and real draft probabilities), and
-one test per difference listed in the module docstring.
+one test per difference listed in docs/flashinfer-sglang.md (each named after its difference).
 """
 
 import pytest
@@ -21,7 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdec_kernels import ops
 from specdec_kernels.integrations import sglang as sg
-from specdec_kernels.reference import _sampling
+from specdec_kernels.integrations import sglang_layout, sglang_rule
+from specdec_kernels.common import sampling
 from sglang_support import (distinct_sibling_tokens, kary_children, outputs, random_children, sglang_example,
                                   sglang_greedy_model, sglang_sampling_model, star_children, tree_tensors)
 from gpu_support import backends_here
@@ -181,9 +182,9 @@ def test_threshold_one_our_op_equals_sglangs_walk():
     for seed in range(6):
         candidates, retrive_index, next_token, next_sibling, coins, final, probs = random_case(
             "random", 4, 10, 12, 3, 1.0 + seed, seed)
-        tree = sg._Tree(next_token, next_sibling, 4)
-        by_op = sg._sample_with_op(tree, candidates, probs, None, coins, final, 5, "torch")
-        by_walk = sg._sglang_rule(tree, candidates, probs, None, coins, final, 1.0, 1.0, 5, "torch")
+        tree = sglang_layout.Tree(next_token, next_sibling, 4)
+        by_op = sglang_layout.sample_with_op(tree, candidates, probs, None, coins, final, 5, "torch")
+        by_walk = sglang_rule.threshold_rule(tree, candidates, probs, None, coins, final, 1.0, 1.0, 5, "torch")
         num = by_op[1]
         assert torch.equal(num, by_walk[1])
         on_path = torch.arange(5) <= num.unsqueeze(1)
@@ -310,7 +311,7 @@ def root_with_children(tokens, probs_row, coin, final=0.5, steps=2, vocab=8):
     return sample(*case), model(*case)
 
 
-def test_difference_1_boundaries_zero_probability_and_ties():
+def test_boundaries_zero_probability_and_ties():
     # coin 0, first sibling of target probability 0: SGLang accepts it (0 <= 0, sglang #35771), ours never
     ours, sglang = root_with_children([3, 5], [0, 0, 0, 0, 0, 1.0, 0, 0], coin=0.0)
     assert sglang[1][0][1] == 1 and sglang[0][0] == 3  # SGLang: node 1, token 3 of probability 0
@@ -323,14 +324,14 @@ def test_difference_1_boundaries_zero_probability_and_ties():
     assert ours == sglang
 
 
-def test_difference_2_duplicate_sibling_tokens():
+def test_duplicate_sibling_tokens_are_not_accepted_twice():
     row = [0.1, 0, 0, 0.5, 0, 0.4, 0, 0]
     ours, sglang = root_with_children([3, 3], row, coin=0.7, final=0.1)
     assert sglang[2] == [1] and sglang[1][0][1] == 2  # SGLang accepts the repeated 3 (0.7 <= 0.5 + 0.5)
     assert ours[2] == [0] and ours[0][0] == 0  # ours: both rejected, new token from p without 3 (0.1 -> token 0)
 
 
-def test_difference_3_draft_probs_are_read_only():
+def test_draft_probs_are_read_only():
     candidates, retrive_index, next_token, next_sibling, coins, final, probs = random_case("kary", 2, 7, 9, 3, 2.0, 1)
     coins = torch.full_like(coins, 0.999)  # every sibling rejected
     draft = torch.zeros_like(probs)
@@ -341,7 +342,7 @@ def test_difference_3_draft_probs_are_read_only():
     assert written.any()  # SGLang's kernel writes p(x) of the rejected siblings into draft_probs
 
 
-def test_difference_4_real_draft_probabilities_per_row():
+def test_real_draft_probabilities_per_row():
     case = random_case("random", 3, 8, 10, 3, 2.0, 2)
     candidates, retrive_index, next_token, next_sibling, coins, final, probs = case
     draft = torch.zeros_like(probs)
@@ -352,10 +353,10 @@ def test_difference_4_real_draft_probabilities_per_row():
         assert mixed[0][8 * b:8 * b + 8] == target_only[0][8 * b:8 * b + 8]
         assert mixed[1][b] == target_only[1][b] and mixed[2][b] == target_only[2][b]
     # row 1 ran our op with q: the same as calling the op directly in our layout
-    tree = sg._Tree(next_token[1:2], next_sibling[1:2], 3)
+    tree = sglang_layout.Tree(next_token[1:2], next_sibling[1:2], 3)
     row = dict(tree=tree, tokens=candidates[1:2], target_probs=probs[1:2], draft_probs=draft[1:2],
                uniform_samples=coins[1:2], final_coins=final[1:2], steps=4, backend="torch")
-    _, num, _ = sg._sample_with_op(**row)
+    _, num, _ = sglang_layout.sample_with_op(**row)
     assert mixed[2][1] == int(num)
     inverse = tree.inverse
     q_ours = draft[1:2][:, tree.parent.clamp(min=0).gather(1, inverse)[0]]
@@ -368,7 +369,7 @@ def test_difference_4_real_draft_probabilities_per_row():
 
 
 @pytest.mark.parametrize("thresholds", [(1.0, 1.0), (0.9, 0.9)])
-def test_difference_5_empty_residual_draws_from_p(thresholds):
+def test_empty_residual_draws_from_p(thresholds):
     # a row summing to 0.5, all on the only child's token: rejected (coin 0.7), nothing left
     row = [0, 0, 0, 0.5, 0, 0, 0, 0]
     retrive_index, next_token, next_sibling = tree_tensors([star_children(2, 1)], 2)
@@ -381,7 +382,7 @@ def test_difference_5_empty_residual_draws_from_p(thresholds):
     assert sample(*case, **kw)[0][0] == 3  # ours: a draw from p
 
 
-def test_difference_6_greedy_reads_target_predict_by_node():
+def test_greedy_reads_target_predict_by_node():
     candidates, retrive_index, next_token, next_sibling, logits = sglang_example()
     target = logits.argmax(-1)
     shifted = retrive_index + 3  # slots of a larger predicts buffer: SGLang would read target_predict at b*N+i+3
@@ -395,7 +396,7 @@ def test_difference_6_greedy_reads_target_predict_by_node():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_difference_7_dtypes(backend):
+def test_index_and_probability_dtypes(backend):
     case = random_case("random", 2, 7, 11, 3, 3.0, 9)
     reference = sample(*case, 4, backend=backend)
     as_int32 = [t.to(torch.int32) for t in case[:4]] + list(case[4:])
@@ -408,7 +409,7 @@ def test_difference_7_dtypes(backend):
     assert got[1].tolist() == [[0, 3, 4, 5], [6, 10, 11, -1]]
 
 
-def test_difference_8_deterministic_is_ignored():
+def test_deterministic_is_ignored():
     case = random_case("kary", 3, 10, 13, 3, 2.0, 4)
     assert sample(*case, 4, deterministic=False) == sample(*case, 4, deterministic=True)
 
@@ -430,7 +431,7 @@ BAD = {
 
 
 @pytest.mark.parametrize("name", list(BAD))
-def test_difference_9_value_checks_are_one_line_errors(name):
+def test_value_checks_are_one_line_errors(name):
     change, message = BAD[name]
     candidates, retrive_index, next_token, next_sibling, logits = sglang_example()
     args = dict(candidates=candidates, retrive_index=retrive_index, next_token=next_token, next_sibling=next_sibling,
@@ -458,7 +459,7 @@ class _Recorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_difference_10_no_host_sync_when_values_are_not_inspected(monkeypatch):
+def test_no_host_sync_when_values_are_not_inspected(monkeypatch):
     """On a GPU the adapter inspects no value: with the value checks off (as there) and our op
     stubbed, the translation and write-back issue no .item() / nonzero (a device-to-host sync)."""
     monkeypatch.setattr(sg.check, "can_inspect", lambda x: False)
@@ -515,4 +516,27 @@ def test_untouched_outputs_and_unreachable_nodes():
 
 
 def test_weight_scale_is_our_ops():
-    assert sg._WEIGHT_SCALE == _sampling.WEIGHT_SCALE
+    assert sglang_layout.WEIGHT_SCALE == sampling.WEIGHT_SCALE == 2.0**40
+
+
+def test_threshold_rule_accepts_by_cumulative_coin_or_single_probability():
+    """sglang_rule.threshold_rule, SGLang's lossy rule, on one root with children [3, 5] (p 0.2, 0.5):
+    threshold_acc scales the cumulative sums the coin is held to, threshold_single accepts a likely
+    sibling whatever the coin; nothing accepted leaves the path at the root."""
+    candidates = torch.tensor([[0, 3, 5]])
+    next_token, next_sibling = torch.tensor([[1, -1, -1]]), torch.tensor([[-1, 2, -1]])
+    probs = torch.full((1, 3, 8), 0.3 / 6)
+    probs[0, 0] = torch.tensor([0.1, 0, 0, 0.2, 0, 0.5, 0.2, 0])
+    tree = sglang_layout.Tree(next_token, next_sibling, 1)
+
+    def accepted(coin, single, acc):
+        coins = torch.tensor([[coin, 0.5, 0.5]])
+        path, num, _ = sglang_rule.threshold_rule(tree, candidates, probs, None, coins, torch.tensor([0.5]),
+                                                  single, acc, 2, "torch")
+        return int(num[0]), int(path[0, 1])
+
+    assert accepted(0.15, 1.0, 1.0) == (1, 1)   # 0.15 <= 0.2: the first sibling
+    assert accepted(0.6, 1.0, 1.0) == (1, 2)    # 0.2 < 0.6 <= 0.7: the second
+    assert accepted(0.8, 1.0, 1.0) == (0, -1)   # above every cumulative sum: none
+    assert accepted(0.8, 1.0, 0.8) == (1, 2)    # 0.8 <= 0.7 / 0.8
+    assert accepted(0.8, 0.5, 1.0) == (1, 2)    # p(5) = 0.5 >= threshold_single

@@ -13,7 +13,7 @@ import torch
 
 from specdec_kernels import ops
 from specdec_kernels.common import kv_layout
-from specdec_kernels.cuda import kv_compact as cuda_kv_compact
+from specdec_kernels.cuda import kv_cache as cuda_kv_compact
 from specdec_kernels.ops import _known_caches
 from specdec_kernels.ops import kv_cache
 

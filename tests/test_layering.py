@@ -61,3 +61,25 @@ def test_the_checker_sees_relative_and_absolute_imports(tmp_path):
     assert "ops" in package_imports(PACKAGE / "__init__.py")
     assert ABOVE - set(ALLOWED)  # the upper layers are not in any allow-list
     assert package_imports(PACKAGE / "integrations" / "vllm" / "sampler.py") == {"ops"}
+
+
+ADAPTERS = ("specdec_kernels.integrations.flashinfer", "specdec_kernels.integrations.sglang",
+            "specdec_kernels.integrations.vllm", "specdec_kernels.hf_generate")
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_each_adapter_names_the_upstream_version_it_tracks(name):
+    import importlib
+
+    tracks = getattr(importlib.import_module(name), "TRACKS", None)
+    assert isinstance(tracks, str) and tracks.split()[0] in ("flashinfer", "sgl-kernel:", "vllm", "transformers"), name
+
+
+def test_only_hf_private_reads_transformers_private_surface():
+    """custom_generate's reads of HF internals (the calling generate()'s frame, GenerationConfig's private
+    defaults) live in hf_generate/hf_private.py alone; a mutation that adds one elsewhere fails here."""
+    private = ("_getframe", "f_locals", "f_back", "_get_default_generation_params")
+    offenders = [f"{path.relative_to(PACKAGE)}: {word}" for path in sorted(PACKAGE.rglob("*.py"))
+                 if path.name != "hf_private.py" for word in private if word in path.read_text()]
+    assert not offenders, offenders
+    assert all(word in (PACKAGE / "hf_generate" / "hf_private.py").read_text() for word in private)

@@ -6,9 +6,12 @@ commands in SKIPPED (each with why) and those in SMALLER (run with smaller setti
 is not meant to run is fenced ```text. An entry of the lists that matches no README command fails.
 """
 
+import subprocess
+import sys
+
 import pytest
 
-from markdown_blocks import ROOT, Checks, run_python
+from markdown_blocks import ROOT, TIMEOUT_S, Checks, environment, run_python
 
 # README commands this test does not run, and why. Keys are the commands as the README has them, without a
 # trailing comment.
@@ -56,3 +59,20 @@ def test_python_block_runs_as_pasted(code, tmp_path):
 @pytest.mark.parametrize("command", CHECKS.command_params())
 def test_bash_command_runs_as_pasted(command, tmp_path):
     CHECKS.run_command(command, tmp_path)
+
+
+CHECK_AGAINST_HF = "# Check against HF row by row"
+
+
+def test_the_check_against_hf_fails_on_a_mismatch(tmp_path):
+    """The README's check block asserts: with one emitted token changed (a mutation of the output it checks)
+    the block exits with an error naming the row, so its run above can only pass on identical tokens."""
+    code, = [param.values[0] for param in CHECKS.python_params() if CHECK_AGAINST_HF in param.values[0]]
+    anchor = "width = batch.input_ids.shape[1]\n"
+    assert code.count(anchor) == 1
+    mutated = code.replace(anchor, anchor + "out.sequences[0, width] += 1  # the mutation\n")
+    script = tmp_path / "mutated_block.py"
+    script.write_text(mutated)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environment(), capture_output=True,
+                          text=True, timeout=TIMEOUT_S)
+    assert done.returncode != 0 and "AssertionError: row 0 differs from HF" in done.stderr, done.stderr[-2000:]

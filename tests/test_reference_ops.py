@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specdec_kernels import ops, reference
+from specdec_kernels.common import rng
 from specdec_kernels.reference import attention as reference_attention
 from specdec_kernels.reference.attention import paged_from_contiguous, row_kv
 
@@ -99,9 +100,9 @@ def test_seeded_draws_follow_documented_philox_counters():
     seed, offsets = 1234, torch.tensor([0, 5, 9])
     out, acc = ops.rejection_sample(p, q, drafts, seed=seed, offsets=offsets, backend="torch")
     rows = torch.arange(batch)
-    coins = reference.rng.philox_uniform(seed, offsets.unsqueeze(1) + torch.arange(g), rows.unsqueeze(1),
-                                         reference.rng.SALT_ACCEPT)
-    final = reference.rng.philox_uniform(seed, offsets + acc, rows, reference.rng.SALT_FINAL)
+    coins = rng.philox_uniform(seed, offsets.unsqueeze(1) + torch.arange(g), rows.unsqueeze(1),
+                                         rng.SALT_ACCEPT)
+    final = rng.philox_uniform(seed, offsets + acc, rows, rng.SALT_FINAL)
     out_u, acc_u = ops.rejection_sample(p, q, drafts, uniforms=torch.cat([coins, final.unsqueeze(1)], 1), backend="torch")
     assert torch.equal(out, out_u) and torch.equal(acc, acc_u)
 

@@ -79,3 +79,21 @@ def test_an_unknown_control_op_is_refused_in_one_line(monkeypatch, capsys):
 def selftest_ops():
     from specdec_kernels import ops
     return ops.registered_ops()
+
+
+def test_a_catalog_case_the_launch_limits_refuse_fails_its_test(monkeypatch):
+    """tests/catalog_support.check_case: a refusal by the launch limits is a failure (a regression of the
+    limits would otherwise read as skips), unless the case leaves the backend out by design."""
+    import dataclasses
+
+    import pytest
+    from catalog_support import check_case
+    from specdec_kernels.common import registry
+
+    case = next(c for c in selftest.CASE_FAMILIES[0]("tiny", torch.device("cpu")) if c.op == "greedy_verify")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setitem(registry._LIMITS, ("greedy_verify", "triton"), lambda sizes: "a mutation refuses every call")
+    with pytest.raises(AssertionError, match="the launch limits refuse a catalog case"):
+        check_case(case, "triton", "cpu")
+    with pytest.raises(pytest.skip.Exception, match="leaves triton out by design"):
+        check_case(dataclasses.replace(case, backends=("cuda",)), "triton", "cpu")

@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 
 from specdec_kernels import ops
-from specdec_kernels.reference import chain_verify
+from specdec_kernels.reference import rejection_sampling
 
 DRAWS = 120_000
 P_MIN = 1e-4  # reject the null below this p-value
@@ -122,8 +122,8 @@ def test_seeded_rejection_sample_reproduces_target(name, mode):
 def test_chi_square_catches_a_wrong_residual(monkeypatch):
     """Mutation check: resampling from p instead of norm(max(0, p - q)) must be detected."""
     p, q = chain_cases()["random-V17"]
-    correct = chain_verify.sample_with_fallback
-    monkeypatch.setattr(chain_verify, "sample_with_fallback", lambda primary, fallback, u: correct(fallback, fallback, u))
+    correct = rejection_sampling.sample_with_fallback
+    monkeypatch.setattr(rejection_sampling, "sample_with_fallback", lambda primary, fallback, u: correct(fallback, fallback, u))
     out, _ = run_chain(p, q, torch.roll(p, 1), seed=1)
     assert chi_square_pvalue(out[:, 0], p) < 1e-12
 
@@ -221,7 +221,7 @@ def test_tree_chi_square_catches_a_wrong_residual(monkeypatch):
 def test_seeded_chi_square_catches_reused_randomness(monkeypatch):
     """Mutation check of the counter layout: if the final draw reused the coin's counter
     (same salt), a rejected row's final uniform would be biased high; the test must see it."""
-    from specdec_kernels.reference import rng
+    from specdec_kernels.common import rng
 
     monkeypatch.setattr(rng, "SALT_FINAL", rng.SALT_ACCEPT)
     p, q = chain_cases()["random-V17"]

@@ -15,7 +15,7 @@ from scipy import stats
 
 from specdec_kernels import ops
 from specdec_kernels.decoding import draft_tree
-from specdec_kernels.reference._sampling import sample_weights, to_weights
+from specdec_kernels.common.sampling import sample_weights, to_weights
 
 P_MIN = 1e-4  # reject the null below this p-value
 NAN, INF = float("nan"), float("inf")

@@ -1,6 +1,6 @@
 """The Triton block_verify and block_verify_logits backends against the torch reference.
 
-The cases are the catalog's (specdec_kernels/selftest/cases_chain.py at profile "tiny"):
+The cases are the catalog's (specdec_kernels/selftest/cases_block_verification.py at profile "tiny"):
 block_verify bit for bit (every randomness mode, fp32/fp16/bf16, ragged rows, int32 and
 strided index tensors, NaN/inf/zero/p == q/-0.0 rows, invalid ids, g = 0, one-hot drafts,
 fuzz); block_verify_logits equal up to decisions within ~1e-4 of a boundary (every mode,
@@ -20,10 +20,10 @@ from catalog_support import catalog_cases, check_case
 from specdec_kernels import ops, reference
 from specdec_kernels.common import workspace as _workspace
 from specdec_kernels.reference import block_verification as spec
-from specdec_kernels.selftest.cases_chain import hostile_block_probs
+from specdec_kernels.selftest.chain_inputs import hostile_block_probs
 from specdec_kernels.triton import _split_plans
-from specdec_kernels.triton import block_verify as probs_module
-from specdec_kernels.triton import block_verify_logits as logits_module
+from specdec_kernels.triton import block_verification as probs_module
+from specdec_kernels.triton import block_verification_logits as logits_module
 
 pytestmark = [
     # NaN/inf rows are intended (they follow the reference); the interpreter's numpy warns

@@ -19,8 +19,8 @@ pytest.importorskip("triton.backends.nvidia")
 ROOT = Path(__file__).resolve().parents[1]
 CAPABILITIES = (80, 90)
 SHARED_BYTES = {80: 163 * 1024, 90: 227 * 1024}  # opt-in dynamic shared memory per block
-MODULES = ("early_exit_topk", "kv_compact", "logit_verify", "rejection_sample", "rejection_sample_logits",
-           "tree_attention", "tree_verify", "tree_rejection", "block_verify", "block_verify_logits",
+MODULES = ("early_exit", "kv_cache", "logit_verify", "rejection_sampling", "rejection_sampling_logits",
+           "attention", "tree_verify", "tree_verify_sampling", "block_verification", "block_verification_logits",
            "_softmax_stats")
 
 
@@ -64,7 +64,7 @@ def test_every_kernel_compiles_for_both_targets(compiled):
 # (the node, rank, totals, pointers) through the claim loop: ptxas spills a few of those scalars
 # once per call and reloads them outside the passes' tile loops (the SASS shows the loads on the
 # exit path and at the walk's start), so they cost nothing per vocabulary tile.
-STACK_LIMIT = {"tree_rejection._tree_rejection_kernel": 32}
+STACK_LIMIT = {"tree_verify_sampling._tree_rejection_kernel": 32}
 
 
 def test_no_spills_on_the_h100_target(compiled):
@@ -88,7 +88,7 @@ def test_shared_memory_fits(compiled):
 
 
 def test_tree_attention_kv_loop_is_pipelined_and_uses_hopper_mma(compiled):
-    split = [row for row in compiled if row["kernel"] == "tree_attention._split_kernel"]
+    split = [row for row in compiled if row["kernel"] == "attention._split_kernel"]
     assert {row["capability"] for row in split} == set(CAPABILITIES)
     for row in split:
         assert row["async_copies"] > 0, row  # K/V tiles prefetched with cp.async (num_stages)

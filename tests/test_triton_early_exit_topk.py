@@ -12,7 +12,7 @@ import torch
 from catalog_support import catalog_cases, check_case
 
 from specdec_kernels.selftest import cases_early_exit
-from specdec_kernels.triton import early_exit_topk as triton_module
+from specdec_kernels.triton import early_exit as triton_module
 
 pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")]
 

@@ -1,6 +1,6 @@
 """The Triton greedy_verify backend against the torch reference, bit for bit.
 
-The cases are the catalog's (specdec_kernels/selftest/cases_chain.py at profile "tiny": random
+The cases are the catalog's (specdec_kernels/selftest/cases_logit_verify.py at profile "tiny": random
 shapes and dtypes, ragged rows, NaN / inf rows, ties across tiles, -1 padding, V = 1, g = 0,
 an empty batch, strided inputs, out-of-range ids and counts, small-integer fuzz), judged as
 `specdec-kernels selftest` judges them; the GPU tests run the same catalog at production sizes.
@@ -15,6 +15,7 @@ import torch
 from catalog_support import catalog_cases, check_case
 
 from specdec_kernels import reference
+from specdec_kernels.common.sampling import safe_argmax
 from specdec_kernels.triton import logit_verify as triton_module
 
 INF, NAN = float("inf"), float("nan")
@@ -29,7 +30,7 @@ def drafts_with_prefix(logits, gen):
     """Drafts equal to the argmax for a random prefix of each row, then one mismatch, then random ids."""
     batch, n_pos, vocab = logits.shape
     g = n_pos - 1
-    top = reference.chain_verify.safe_argmax(logits)[:, :g]
+    top = safe_argmax(logits)[:, :g]
     drafts = torch.randint(-1, vocab, (batch, g), generator=gen)
     for b in range(batch):
         k = int(torch.randint(0, g + 1, (1,), generator=gen))  # k == g: all drafts match

@@ -1,6 +1,6 @@
 """The Triton kv_compact backend against the torch reference, bit for bit (it is a copy).
 
-The kernel cases come from the case catalog (specdec_kernels/selftest/cases_kv.py, the "tiny"
+The kernel cases come from the case catalog (specdec_kernels/selftest/cases_kv_cache.py, the "tiny"
 tier, judged as `specdec-kernels selftest` judges them): every cache layout (one allocation
 [L, B, Hkv, S, D], K and V interleaved [L, 2, ...], a permuted NHD view: the no-table fast path;
 separate tensors with mixed strides: the device-table path) and dtype, random accepted paths,
@@ -22,8 +22,8 @@ from catalog_support import catalog_cases, check_case
 
 from specdec_kernels import ops
 from specdec_kernels.common import kv_layout as _kv_layout
-from specdec_kernels.selftest import cases_kv
-from specdec_kernels.triton import kv_compact as triton_module
+from specdec_kernels.selftest import cases_kv_cache
+from specdec_kernels.triton import kv_cache as triton_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,13 +34,14 @@ def test_catalog_case(case):
 
 
 def _tiny_case(name_part):
-    return next(c for c in cases_kv.kv_cases("tiny", torch.device("cpu")) if name_part in c.name)
+    return next(c for c in cases_kv_cache.kv_cases("tiny", torch.device("cpu")) if name_part in c.name)
 
 
 @pytest.mark.parametrize("layout", ["stacked", "kv_interleaved", "nhd", "mixed_strides"])
 def test_which_layouts_need_a_table(layout):
     """One allocation with a constant layer step needs no table; per-cache strides that differ do."""
-    k, v, _ = cases_kv.make_caches(layout, 3, 4, 2, 17, 16, torch.bfloat16, "cpu", torch.Generator().manual_seed(0))
+    k, v, _ = cases_kv_cache.make_caches(layout, 3, 4, 2, 17, 16, torch.bfloat16, "cpu",
+                                         torch.Generator().manual_seed(0))
     assert (_kv_layout.cache_layout(k, v).table is None) == (layout != "mixed_strides")
 
 
@@ -48,7 +49,7 @@ def test_misaligned_and_evenly_spaced_cases_take_the_intended_paths():
     """The catalog's misaligned views get narrow accesses and no table; its evenly spaced layers need
     no table (16-byte rows), while an uneven spacing does."""
     for dtype in (torch.float16, torch.float32):
-        x = next(c for c in cases_kv.kv_cases("tiny", torch.device("cpu"))
+        x = next(c for c in cases_kv_cache.kv_cases("tiny", torch.device("cpu"))
                  if c.name.startswith("misaligned") and c.dtype == dtype).build(0)
         layout = _kv_layout.cache_layout(x["k_caches"], x["v_caches"])
         assert layout.table is None and layout.vector_bytes == x["owners"][0].element_size()
@@ -67,7 +68,7 @@ def accepted_from(paths: list[list[int]], m: int) -> torch.Tensor:
 
 
 def make_caches(layout, layers, batch, heads, seq, dim, dtype, gen):
-    return cases_kv.make_caches(layout, layers, batch, heads, seq, dim, dtype, "cpu", gen)
+    return cases_kv_cache.make_caches(layout, layers, batch, heads, seq, dim, dtype, "cpu", gen)
 
 
 def run_both(k_caches, v_caches, seq_lens, accepted):
@@ -151,7 +152,7 @@ COMPILE_CHECK = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from specdec_kernels.triton import kv_compact as kc
+from specdec_kernels.triton import kv_cache as kc
 
 names = kc._kv_compact_kernel.arg_names
 pointers = {"k_ptr": "*bf16", "v_ptr": "*bf16", "table_ptr": "*i64", "seq_lens_ptr": "*i64",

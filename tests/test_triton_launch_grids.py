@@ -12,13 +12,14 @@ import torch
 
 from specdec_kernels import ops
 from specdec_kernels.common import registry
-from specdec_kernels.ops import attention, block_verification, chain_verify, early_exit, kv_cache, tree_verify
+from specdec_kernels.ops import (attention, block_verification, early_exit, kv_cache, logit_verify, rejection_sampling,
+                                 tree_verify)
 from specdec_kernels.triton import _launch
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA: grid x, y, z
 H100_SMS = 132
-MODULES = ("early_exit_topk", "kv_compact", "logit_verify", "rejection_sample", "rejection_sample_logits",
-           "tree_attention", "tree_verify", "tree_rejection", "block_verify", "block_verify_logits",
+MODULES = ("early_exit", "kv_cache", "logit_verify", "rejection_sampling", "rejection_sampling_logits",
+           "attention", "tree_verify", "tree_verify_sampling", "block_verification", "block_verification_logits",
            "_softmax_stats")
 META = torch.device("meta")
 BIG_B = 10**6  # a serving batch far past 65535 rows
@@ -61,7 +62,7 @@ def triton_refusal(monkeypatch, call) -> str | None:
         seen.update(op=runs_as or op, sizes=sizes)
         return "torch"  # meta tensors: the custom op runs its fake implementation whatever this says
 
-    for module in (attention, chain_verify, early_exit, kv_cache, tree_verify, block_verification):
+    for module in (attention, rejection_sampling, logit_verify, early_exit, kv_cache, tree_verify, block_verification):
         monkeypatch.setattr(module, "resolve", spy)
     call()
     return registry.refusal(seen["op"], "triton", seen["sizes"])

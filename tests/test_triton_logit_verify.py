@@ -1,7 +1,7 @@
 """The Triton relaxed_verify, bild_verify and max_prob (and fallback_check) backends against
 the torch reference.
 
-The cases are the catalog's (specdec_kernels/selftest/cases_chain.py at profile "tiny": random
+The cases are the catalog's (specdec_kernels/selftest/cases_logit_verify.py at profile "tiny": random
 shapes and dtypes, beta / tau sweeps and their boundaries, tau compared in float32, BiLD
 thresholds 0 / inf / clear of every draft NLL's rounding band, NaN / inf / padding rows, ties
 across tiles, V = 1, g = 0, empty batches, strided inputs, out-of-range ids, max_prob's shapes
@@ -17,7 +17,7 @@ import torch
 from catalog_support import catalog_cases, check_case
 
 from specdec_kernels import ops
-from specdec_kernels.reference._sampling import nan_to_neg_inf
+from specdec_kernels.common.sampling import nan_to_neg_inf
 from specdec_kernels.selftest.compare import bild_threshold
 from specdec_kernels.triton import logit_verify as triton_module
 

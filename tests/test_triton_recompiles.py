@@ -66,12 +66,12 @@ ALLOWANCES = {
         g_bucket=lambda g: max(2, np2(g + 1))),
     "logit_verify._max_prob_kernel": Allowance(
         "nothing: the row count (B, or g + 1 of [B, g + 1, V] input) is a runtime int; the tile plan is V's"),
-    "rejection_sample._rejection_sample_kernel": Allowance(
+    "rejection_sampling._rejection_sample_kernel": Allowance(
         "BLOCK_G = max(2, next_pow2(g + 1)): a row's draft slots as lanes. The V-chunk plan, which follows B, "
         "is runtime ints (tiles per chunk, num_splits, with logits the target rows B * (g + 1)) and BLOCK_S is "
         "sized for V's largest split count",
         g_bucket=lambda g: max(2, np2(g + 1))),
-    "block_verify._block_verify_kernel": Allowance(
+    "block_verification._block_verify_kernel": Allowance(
         "BLOCK_G = max(2, next_pow2(g + 1)): a row's positions as lanes. The V-chunk plan over the B * (g + 1) "
         "rows is runtime ints (tiles, num_splits, row count) and BLOCK_S is sized for V's largest split count",
         g_bucket=lambda g: max(2, np2(g + 1))),
@@ -83,19 +83,19 @@ ALLOWANCES = {
         g_bucket=np2),
     "tree_verify._tree_greedy_split_kernel": Allowance(
         "BLOCK_N = next_pow2(N), as _tree_greedy_kernel", g_bucket=np2),
-    "tree_rejection._tree_rejection_kernel": Allowance(
+    "tree_verify_sampling._tree_rejection_kernel": Allowance(
         "BLOCK_N = next_pow2(N): the tree's nodes as lanes (both sibling rules: the constexpr WR). The V-chunk "
         "plan, which follows B, is runtime ints (chunks, tiles) and BLOCK_C is sized for V's largest chunk count",
         g_bucket=np2),
-    "tree_attention._split_kernel": Allowance(
+    "attention._split_kernel": Allowance(
         "g: BLOCK_T = max(16, next_pow2(N)) tail tile, DOUBLINGS = log2(BLOCK_T) ancestor squarings, "
         "BLOCK_M (N * group rows, pow2, capped) and the num_warps / num_stages it sets. "
         "B: DIRECT (one prefix split, no merge) once B * Hkv * M-blocks fill the SMs: 2 regimes; "
         "the split count itself is a runtime int",
         g_bucket=np2, b_regimes=2),
-    "tree_attention._merge_kernel": Allowance(
+    "attention._merge_kernel": Allowance(
         "nothing: runs only while there are several splits; N, the split count and strides are runtime"),
-    "kv_compact._kv_compact_kernel": Allowance(
+    "kv_cache._kv_compact_kernel": Allowance(
         "g: BLOCK_A and BLOCK_M = next_pow2(g + 1) entries of the accepted path (BLOCK_M capped at 16). "
         "B: the column tiling (BLOCK_H x BLOCK_D, num_warps) splits heads, then head dim, by powers of two "
         "until B * 2L * column blocks reach TARGET_PROGRAMS: B = 1's tile for every B would launch up to 32x "
@@ -103,16 +103,16 @@ ALLOWANCES = {
         "power of two of "
         "cdiv(TARGET_PROGRAMS, B * 2L) up to H * D / MIN_BLOCK_D column blocks: 6 with 4 layers, H = 8, D = 128",
         g_bucket=lambda g: np2(g + 1), b_regimes=6),
-    "early_exit_topk._split_topk_kernel": Allowance(
+    "early_exit._split_topk_kernel": Allowance(
         "g (= k): K_PAD = max(2, next_pow2(k)) kept keys per row, k itself runtime. B: BLOCK_B = "
         "min(max(16, next_pow2(B)), 64) rows per program (the M of the tensor-core dot: 64 rows for one "
         "would waste 4x the MMA work and the registers of the smaller tiles): 3 regimes, B <= 16, <= 32, "
         "> 32; past 64 rows more B blocks, runtime",
         g_bucket=lambda k: max(2, np2(k)), b_regimes=3),
-    "early_exit_topk._normalize_kernel": Allowance(
+    "early_exit._normalize_kernel": Allowance(
         "B: BLOCK_B, the split kernel's rows per program (its three regimes); B and H are runtime",
         b_regimes=3),
-    "early_exit_topk._merge_kernel": Allowance(
+    "early_exit._merge_kernel": Allowance(
         "BLOCK_C = max(16, next_pow2(most splits) * K_PAD): the candidates of a row; k runtime",
         g_bucket=lambda k: max(2, np2(k))),
 }

@@ -1,7 +1,7 @@
 """The Triton rejection_sample backend (and its Philox helpers) against the torch reference,
 bit for bit.
 
-The cases are the catalog's (specdec_kernels/selftest/cases_chain.py at profile "tiny": every
+The cases are the catalog's (specdec_kernels/selftest/cases_rejection_sampling.py at profile "tiny": every
 randomness mode (float32 / float64 uniforms with exact 0 coins, the extreme uniforms, an int
 seed with offsets across 2^32, per-row seeds with and without offsets), ragged and zero
 counts, V = 1 / 7 / 300, g = 0, an empty batch, crafted edge rows (p == q, q = 0, one-hot,
@@ -22,10 +22,10 @@ import triton.language as tl
 from catalog_support import catalog_cases, check_case
 
 from specdec_kernels import ops, reference
-from specdec_kernels.reference import rng
-from specdec_kernels.selftest.cases_chain import edge_probs
+from specdec_kernels.common import rng
+from specdec_kernels.selftest.chain_inputs import edge_probs
 from specdec_kernels.triton import _philox, _split_plans
-from specdec_kernels.triton import rejection_sample as triton_module
+from specdec_kernels.triton import rejection_sampling as triton_module
 
 pytestmark = [
     # the interpreter evaluates 0 * inf and NaN arithmetic with numpy, which warns

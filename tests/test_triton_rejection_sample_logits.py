@@ -1,6 +1,6 @@
 """The Triton rejection_sample_logits backend against the torch reference.
 
-The cases are the catalog's (specdec_kernels/selftest/cases_chain.py at profile "tiny": every
+The cases are the catalog's (specdec_kernels/selftest/cases_rejection_sampling.py at profile "tiny": every
 randomness mode, ragged rows, temperatures 1 / 0.6 / 1.7 / per row, -1 drafts, V = 1, g = 0,
 an empty batch, the adversarial rows (NaN / inf / all -inf / huge / p == q / NaN q / NaN
 bonus), identical logits, strided / unaligned / position-major / column-major inputs), judged
@@ -20,9 +20,10 @@ from catalog_support import catalog_cases, check_case
 from scipy import stats
 
 from specdec_kernels import ops, reference
-from specdec_kernels.reference import chain_verify, rng
-from specdec_kernels.reference._sampling import sample_weights, to_weights
-from specdec_kernels.triton import rejection_sample_logits as triton_module
+from specdec_kernels.common import rng
+from specdec_kernels.common.draws import seed_and_row_key
+from specdec_kernels.common.sampling import sample_weights, to_weights
+from specdec_kernels.triton import rejection_sampling_logits as triton_module
 
 pytestmark = [
     # inf - inf, 0 * inf and NaN arithmetic on adversarial rows are intended; the interpreter
@@ -54,7 +55,7 @@ def effective_uniforms(batch, g, ref_accepted, uniforms=None, seed=None, offsets
     if uniforms is not None:
         return uniforms.double()
     offsets = torch.zeros(batch, dtype=torch.int64) if offsets is None else offsets
-    seeds, row_key = chain_verify.seed_and_row_key(seed, batch, "cpu")
+    seeds, row_key = seed_and_row_key(seed, batch, "cpu")
     coins = rng.philox_uniform(seeds[:, None], offsets[:, None] + torch.arange(g), row_key[:, None], rng.SALT_ACCEPT)
     final = rng.philox_uniform(seeds, offsets + ref_accepted, row_key, rng.SALT_FINAL)
     return torch.cat([coins, final[:, None]], dim=1)

@@ -21,7 +21,7 @@ import triton.language as tl  # noqa: F401  (a jit'd function must see triton.la
 
 from specdec_kernels import ops, reference
 from specdec_kernels.common import workspace as _workspace
-from specdec_kernels.triton import block_verify, logit_verify, rejection_sample, rejection_sample_logits, tree_verify
+from specdec_kernels.triton import block_verification, logit_verify, rejection_sampling, rejection_sampling_logits, tree_verify
 
 pytestmark = [
     # NaN/inf rows are intended (they follow the reference); the interpreter's numpy warns
@@ -29,7 +29,7 @@ pytestmark = [
 ]
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-SPLIT_MODULES = (logit_verify, rejection_sample, tree_verify, block_verify)  # rejection_sample_logits: the chain kernel
+SPLIT_MODULES = (logit_verify, rejection_sampling, tree_verify, block_verification)  # rejection_sample_logits: the chain kernel
 OPS = ("greedy_verify", "relaxed_verify", "bild_verify", "max_prob", "rejection_sample", "rejection_sample_logits",
        "tree_greedy_verify", "block_verify")
 EXACT = {"greedy_verify", "relaxed_verify", "rejection_sample", "tree_greedy_verify", "tree_rejection_sample",
@@ -85,11 +85,11 @@ def forced_split_call(op: str, inputs: dict):
     if op == "max_prob":
         return logit_verify._launch_max_prob(inputs["logits"], block_v=16, tiles_per_program=1)
     if op == "rejection_sample":
-        return rejection_sample._launch(**inputs, block_v=16, min_tiles=1)
+        return rejection_sampling._launch(**inputs, block_v=16, min_tiles=1)
     if op == "rejection_sample_logits":
-        return rejection_sample_logits._launch(**inputs, block_v=16, tiles_per_program=1)
+        return rejection_sampling_logits._launch(**inputs, block_v=16, tiles_per_program=1)
     if op == "block_verify":  # a program per (row, position, split): 3 splits of 5 tiles keep the interpreter quick
-        return block_verify._launch(**inputs, block_v=16, min_tiles=4)
+        return block_verification._launch(**inputs, block_v=16, min_tiles=4)
     if op == "tree_greedy_verify":
         return tree_verify._launch_greedy(**inputs, split=True, block_v=16, tiles_per_program=1)
     if op == "tree_rejection_sample":  # 16-wide tiles, two per chunk: V = 200 in 7 chunks
@@ -160,7 +160,7 @@ def workspaces_zeroed() -> bool:
 
 def test_tree_sampling_hands_its_claim_words_back_zeroed():
     """tree_rejection_sample splits each pass over V across a row's programs, which claim V-chunks
-    from per-row words in the zeroed workspace (triton/tree_rejection.py): the row's last program to
+    from per-row words in the zeroed workspace (triton/tree_verify_sampling.py): the row's last program to
     leave zeroes them, so calls repeat exactly, forced to 7 chunks or at the default plan."""
     inputs = make_case("tree_rejection_sample")
     first = forced_split_call("tree_rejection_sample", inputs)
@@ -184,9 +184,9 @@ def test_a_missing_counter_reset_is_caught(monkeypatch, used_counters):
     non-zero (the next call on that workspace would elect no last program)."""
     if DEVICE.type != "cpu":
         pytest.skip("patches a device function; only the interpreter looks it up at every call")
-    monkeypatch.setattr(rejection_sample, "reset_ticket", _no_reset)
+    monkeypatch.setattr(rejection_sampling, "reset_ticket", _no_reset)
     try:
-        rejection_sample._launch(**make_case("rejection_sample"), block_v=16, min_tiles=1)
+        rejection_sampling._launch(**make_case("rejection_sample"), block_v=16, min_tiles=1)
         assert used_counters[-1].tolist() == [13] * BATCH  # one ticket per program: 13 splits of V = 200
     finally:
         for buffer in _workspace._zeroed_workspaces.values():

@@ -18,7 +18,7 @@ import torch
 
 from specdec_kernels import ops
 from specdec_kernels.reference.attention import paged_from_contiguous
-from specdec_kernels.triton import tree_attention as triton_module
+from specdec_kernels.triton import attention as triton_module
 
 import oracles
 from catalog_support import catalog_cases, check_case

@@ -1,7 +1,7 @@
 """The Triton tree_greedy_verify / tree_rejection_sample backends against the torch
 reference, bit for bit, on CPU tensors under the Triton interpreter.
 
-The kernel cases come from the case catalog (specdec_kernels/selftest/cases_tree.py, the "tiny"
+The kernel cases come from the case catalog (specdec_kernels/selftest/cases_tree_verify.py, the "tiny"
 tier, judged as `specdec-kernels selftest` judges them): random ragged trees over V in {1, 37,
 300} in every dtype and randomness mode (float32 / float64 uniforms with exact zeros, a seed with
 offsets crossing 2^32, per-row seeds) with depth cuts, both greedy kernels by hand, 16-wide tiles,
@@ -21,12 +21,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec_kernels import ops, reference
-from specdec_kernels.selftest import cases_tree
-from specdec_kernels.selftest.cases_tree import greedy_tokens, make_tree
-from specdec_kernels.selftest.cases_tree import coins as uniforms
-from specdec_kernels.selftest.cases_tree import list_parents as random_parents
-from specdec_kernels.selftest.cases_tree import randomness as all_modes
-from specdec_kernels.triton import tree_rejection as sampling_module
+from specdec_kernels.selftest.cases_tree_verify import tree_verify_cases
+from specdec_kernels.selftest.tree_inputs import greedy_tokens, make_tree
+from specdec_kernels.selftest.tree_inputs import coins as uniforms
+from specdec_kernels.selftest.tree_inputs import list_parents as random_parents
+from specdec_kernels.selftest.tree_inputs import randomness as all_modes
+from specdec_kernels.triton import tree_verify_sampling as sampling_module
 from specdec_kernels.triton import tree_verify as triton_module
 
 pytestmark = [
@@ -53,7 +53,7 @@ def test_the_star_case_accepts_later_siblings():
     """The catalog's star of siblings far from p decides some acceptances by the residual rule (a later
     sibling accepted): on the reference, over the randomness modes."""
     later = 0
-    for case in cases_tree.tree_cases("tiny", torch.device("cpu")):
+    for case in tree_verify_cases("tiny", torch.device("cpu")):
         if case.name.startswith("star of"):
             later += int((case.run(case.build(0), "torch")[2][:, 1] > 1).sum())
     assert later > 0

@@ -1,7 +1,7 @@
 """The Triton tree_rejection_sample with siblings="without_replacement" against the torch
 reference, bit for bit (TRITON_INTERPRET=1 on the CPU, see conftest.py; shapes stay small).
 
-The kernel cases come from the case catalog (specdec_kernels/selftest/cases_tree.py, the "tiny"
+The kernel cases come from the case catalog (specdec_kernels/selftest/cases_tree_verify.py, the "tiny"
 tier, the cases named "sampled siblings"): trees where each node's children really are draws
 without replacement from that node's draft row, coins skewed high so that several siblings get
 rejected, plus the siblings the rule skips (repeated tokens, zero draft weight, -1 padding), NaN /
@@ -15,7 +15,7 @@ import torch
 from catalog_support import catalog_cases, check_case
 
 from specdec_kernels import ops
-from specdec_kernels.selftest import cases_tree
+from specdec_kernels.selftest.cases_tree_verify import tree_verify_cases
 
 from test_triton_tree_verify import check_outputs
 
@@ -31,7 +31,7 @@ def test_catalog_case(case):
 
 
 def _reference_answers(prefix):
-    cases = [c for c in cases_tree.tree_cases("tiny", torch.device("cpu")) if c.name.startswith(prefix)]
+    cases = [c for c in tree_verify_cases("tiny", torch.device("cpu")) if c.name.startswith(prefix)]
     assert cases, prefix
     return [c.run(c.build(0), "torch") for c in cases]
 

@@ -349,7 +349,7 @@ CASES = [
     case("rejection_sample_logits", "temperature-row-0", VE, r"temperature.*every row",
          temperature=torch.tensor([1.0, 0.0])),
     case("rejection_sample_logits", "no-randomness", VE, r"exactly one of `uniforms`.*`seed`", uniforms=None),
-    # block_verify shares rejection_sample's checks (ops/chain_verify.py's _check_sampling): one of each kind
+    # block_verify shares rejection_sample's checks (ops/_chain.py's check_sampling): one of each kind
     case("block_verify", "target_probs-g", VE, r"target_probs.*shape \[2, 4, V\]", target_probs=probs(B, G, V)),
     case("block_verify", "mixed-dtypes", TE, r"target_probs.*draft_probs.*one dtype", draft_probs=probs(B, G, V).half()),
     case("block_verify", "token>=V", VE, r"draft_tokens.*outside \[-1, 5\)", draft_tokens=full((B, G), V)),

@@ -17,7 +17,7 @@ import torch
 
 from specdec_kernels import reference
 from specdec_kernels.common import workspace
-from specdec_kernels.triton import _tickets, rejection_sample
+from specdec_kernels.triton import _tickets, rejection_sampling
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -71,9 +71,9 @@ def clean_workspace():
 
 def die_mid_kernel(monkeypatch, inputs):
     with monkeypatch.context() as patch:
-        patch.setattr(rejection_sample, "last_ticket", dying_ticket(after=3))
+        patch.setattr(rejection_sampling, "last_ticket", dying_ticket(after=3))
         with pytest.raises(Exception, match="injected after 3 tickets"):  # the interpreter wraps it
-            rejection_sample._launch(**inputs, **PLAN)
+            rejection_sampling._launch(**inputs, **PLAN)
 
 
 @interpreter_only
@@ -84,7 +84,7 @@ def test_a_call_after_a_fault_mid_kernel_is_exact(monkeypatch, clean_workspace):
     assert workspace.left_dirty(DEVICE)
     for seed in (0, 1):  # the next calls: the reference's answer, the buffer handed back zeroed
         inputs = case(seed)
-        got = rejection_sample._launch(**inputs, **PLAN)
+        got = rejection_sampling._launch(**inputs, **PLAN)
         want = reference.rejection_sample(**inputs)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
         assert int(counters(3).count_nonzero()) == 0 and not workspace.left_dirty(DEVICE)
@@ -97,7 +97,7 @@ def test_without_the_guard_the_stale_tickets_corrupt_later_calls(monkeypatch, cl
     stale = counters(3)
     assert int(stale.count_nonzero()) > 0
     monkeypatch.setattr(workspace, "_open_calls", {})  # forget the dead call: nothing zeroes the buffer
-    rejection_sample._launch(**case(1), **PLAN)
+    rejection_sampling._launch(**case(1), **PLAN)
     # a row with c stale tickets elects its last program c tickets early; the c late ones stay counted
     assert torch.equal(counters(3), stale)
 

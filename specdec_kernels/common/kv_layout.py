@@ -2,41 +2,9 @@
 
 The caches arrive as Python lists of per-layer [B, Hkv, S_max, D] tensors, but a kernel
 that moves all layers in one launch needs every tensor's address and strides on the
-device. Two ways, picked per call:
+device. Two ways, picked per call.
 
-- fast path (no table): inside each of the K and the V lists, every tensor has the same
-  (b, h, s) strides and layer l starts exactly `step` elements after layer l - 1 (views
-  of one preallocated [L, B, Hkv, S_max, D] tensor, or of [L, 2, B, ...] / [2, L, B, ...],
-  all qualify). The kernel gets two base pointers, two steps and two stride triples as
-  plain arguments and computes every layer's address: nothing to upload, ever.
-- table path (anything else): a [2L, 4] int64 device table, one row per tensor (K layers
-  first, then V layers): (address in bytes, stride_b, stride_h, stride_s in elements).
-  Tables are cached, keyed by the device, the element size and every tensor's (address,
-  strides), so steady-state calls with the same cache tensors find their table and copy
-  nothing. A new table is uploaded from pinned host memory with a non-blocking copy on
-  the current stream (no host sync).
-
-Streams: the upload is ordered on the stream that made it, not on the others. The first
-time another stream uses a table, that stream waits on the event recorded after the upload
-(a device-side wait, no host sync) and the table is recorded on it (`record_stream`), so
-evicting the table never hands its memory to a new allocation while a kernel queued on
-that stream may still read it. Each (table, stream) pair pays this once.
-
-The graph-capture rule: a pageable host-to-device copy cannot be captured, and a new
-table is not built during capture either. Call the op once with the same cache tensors
-before capturing (the usual warm-up), or use the fast path, which needs no table. A
-capture that meets an unknown set of separate tensors raises a RuntimeError saying so.
-Tables that a capture has used are kept for the life of the process (a graph replays
-their address); the others are evicted oldest first beyond MAX_TABLES. During capture no
-stream waits on the upload event (waiting on an event recorded outside the capture is
-invalid in CUDA stream capture) and none is needed: torch.cuda.graph synchronises the
-device before it begins capturing, so every table made before is on the device.
-
-Host cost: working the layout out reads every tensor's address and strides, which for 32
-layers costs more than the launch. Two forms skip it: `LayerStack`, the layers of one
-[L, B, Hkv, S_max, D] tensor (always the fast path, computed from that one tensor), and
-`CheckedCaches`, a list the op has validated, which carries a memo shared by every call
-with the same tensors' metadata (ops/kv_cache.py keys it), so their layout is worked out once.
+More on how it works: docs/internals.md, `specdec_kernels/common/kv_layout.py`.
 """
 
 import collections

@@ -11,6 +11,13 @@ def chain_outputs(draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
             torch.empty(batch, dtype=torch.int64, device=device))
 
 
+def topk_outputs(hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty (values [B, k] float32, indices [B, k] int64) tensors for `early_exit_topk` on hidden [B, H]."""
+    batch, device = hidden.shape[0], hidden.device
+    return (torch.empty(batch, k, dtype=torch.float32, device=device),
+            torch.empty(batch, k, dtype=torch.int64, device=device))
+
+
 def tree_outputs(tree_tokens: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Empty (output_tokens [B, D+1], num_accepted [B], accepted_nodes [B, D+1]) int64 tensors."""
     batch = tree_tokens.shape[0]

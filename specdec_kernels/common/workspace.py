@@ -6,14 +6,7 @@ The counters must be zero when a launch starts, and every such kernel stores the
 zero before it ends, so one zeroed buffer per stream serves every call and every CUDA-graph
 replay without a memset.
 
-That hand-back depends on the last program of every row finishing. A call that stops
-half-way (a kernel that raised under the Triton interpreter, a launch or compile error after
-an earlier launch of the same call ran) can leave tickets or partial state behind, and the
-next call on the stream would trust them and answer wrong with no error. So the launchers
-wrap their launches in `launch_guard`: a guard left by a call that did not return marks the
-stream's buffer, and the next call zeroes it (on the stream, before its own kernels) rather
-than trusting it. A kernel that faults asynchronously on a GPU cannot leave the same trap:
-its error is sticky, so every later call on that context fails loudly.
+More on how it works: docs/internals.md, `specdec_kernels/common/workspace.py`.
 """
 
 import contextlib

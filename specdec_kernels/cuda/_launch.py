@@ -7,11 +7,10 @@ import functools
 import torch
 
 from ..common import cuda_module as _cuda_module
-from ..common.workspace import _zeroed_workspaces  # noqa: F401  (the GPU tests inspect the buffers through here)
 from ..common.workspace import launch_guard
 from ..common.outputs import chain_outputs, tree_outputs  # noqa: F401  (re-exported for the launchers)
 # int32 index tensors as int64 for the kernels that read only int64 (the reference's own helper)
-from ..reference._sampling import as_int64  # noqa: F401  (re-exported for the launchers)
+from ..common.sampling import as_int64  # noqa: F401  (re-exported for the launchers)
 
 # dtype codes shared with csrc/common.cuh
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

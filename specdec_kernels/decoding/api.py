@@ -4,8 +4,9 @@ import inspect
 
 import torch
 
-from ..ops import _validate as check
-from .engine import OP, Engine, Strategy, restored_attention
+from ..common import validate as check
+from .engine import OP, Engine, restored_attention
+from .strategy import Strategy
 from .output import GenerateOutput
 from .standardize import Sampling
 

@@ -1,40 +1,18 @@
 """Strategy `bild` (Kim et al., Big Little Decoder). LOSSY: not the large model's distribution nor,
 in general, its greedy output (the paper's "ensembling effect").
 
-A round: the small model (draft) runs greedily (or samples, with do_sample=True: the paper's
-nucleus variant, Table 5) until its max probability falls below `fallback_threshold` (ops.fallback_check)
-or it has produced `max_small_run` tokens (10, as in the paper's App. 7.1.2 and the official code);
-the large model (target) then scores every unverified token in ONE forward and rolls back from the
-first token with -log p_large > `rollback_threshold` (ops.bild_verify, ragged rows through
-num_draft_tokens), replacing it with the large model's token; without a rollback it appends its own
-next token. Under CUDA graphs the small model runs max_small_run forwards every round (static
-shapes); a row's tokens after its fallback are ignored. Eagerly (the CPU, or cuda_graphs=False) the
-round stops at the forward after which no row is still running (one host read per small step).
-
-mode="paper" (default), Algorithm 1: the small model starts; after every large pass, rollback or
-not, control returns to the small model.
-mode="official", github.com/kssteven418/BigLittleDecoder: the large model produces the first
-token; a rollback whose replacement equals the small token (its argmax had low probability) is
-no rollback, and every token of the run is kept; after a real rollback the large model takes the
-next round too (it emits the corrected token and then one more token of its own).
-rollback_rule="nll" (the paper's), or "exact": roll back whenever the small token is not the large
-model's top-1 (ops.greedy_verify): greedy BiLD then equals the large model's greedy output.
-verify_small_eos: True (default) sends a small-model EOS to the large model like any other token
-(a safety choice of ours); False ends the row on it unverified, as Algorithm 1 and the official code do.
-
-Statistics (stats.extra): fallback_rate = rounds ended by low confidence / large-model passes,
-rollback_rate = large passes that rolled back / large passes, both per row-round; forced_handoffs
-= rounds that hit max_small_run.
+More on how it works: docs/internals.md, `specdec_kernels/decoding/bild.py`.
 """
 
 import torch
 from torch import Tensor
 
 from .. import ops
-from ..ops import _validate as check
-from ..reference import rng
+from ..common import validate as check
+from ..common import rng
 from .draft_model import TwoModelStrategy
-from .engine import OP, Engine, Proposal, weight_addresses
+from .engine import OP, Engine, weight_addresses
+from .strategy import Accepted, Proposal
 from .standardize import draw, standardize
 
 ACCEPT_ALL = 3.0e38  # a rollback threshold no -log p exceeds: keep every draft, take the bonus top-1
@@ -55,7 +33,7 @@ class BildDecoder(TwoModelStrategy):
         if self.fallback_threshold > 1:
             check.fail(OP, f"`fallback_threshold` is a probability, at most 1 (got {fallback_threshold})")
         self.rollback_threshold = check.real_number(OP, "rollback_threshold", rollback_threshold, minimum=0.0)
-        self.max_small_run = check.positive_int(OP, "max_small_run", max_small_run)
+        self.max_small_run = self.max_width = check.positive_int(OP, "max_small_run", max_small_run)
         for name, value, allowed in (("mode", mode, ("paper", "official")),
                                      ("rollback_rule", rollback_rule, ("nll", "exact"))):
             if value not in allowed:
@@ -72,9 +50,6 @@ class BildDecoder(TwoModelStrategy):
                                                                     dtype=torch.bool, device=engine.device))
         # fallbacks, rollbacks, forced
         self.counts = engine.keep("bild.counts", torch.zeros(3, dtype=torch.int64, device=engine.device))
-
-    def num_draft_tokens(self) -> int:
-        return self.max_small_run
 
     def graph_key(self):
         return (self.name, id(self.draft_model), weight_addresses(self.draft_model), self.fallback_threshold,
@@ -104,7 +79,7 @@ class BildDecoder(TwoModelStrategy):
         forced = count == self.max_small_run
         return Proposal(torch.stack(tokens, dim=1), None, count, torch.stack([fell_back, forced], dim=1))
 
-    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
+    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> Accepted:
         drafts, count = proposal.tokens, proposal.num_draft
         if self.rollback_rule == "exact":
             out, num_accepted = ops.greedy_verify(logits, drafts, num_draft_tokens=count, backend=engine.backend)
@@ -134,13 +109,14 @@ class BildDecoder(TwoModelStrategy):
         active = ~engine.finished
         self.counts += torch.stack([(fell_back & active).sum(), rolled_back.sum(), (forced & active).sum()])
         self.large_next.copy_(rolled_back if self.mode == "official" else torch.zeros_like(rolled_back))
-        return out, num_accepted
+        return Accepted(out, num_accepted)
 
-    def select_rows(self, index: Tensor) -> None:
-        super().select_rows(index)
-        self.large_next = self.large_next.index_select(0, index)
+    def end_step(self, engine: Engine, all_accepted: bool, kept_rows: Tensor | None) -> None:
+        super().end_step(engine, all_accepted, kept_rows)
+        if kept_rows is not None:
+            self.large_next = self.large_next.index_select(0, kept_rows)
 
-    def report(self, engine: Engine) -> dict:
+    def finish(self, engine: Engine) -> dict:
         fallbacks, rollbacks, forced = self.counts.tolist()
         passes = max(int(engine.counts[0]), 1)
         return {"fallback_rate": fallbacks / passes, "rollback_rate": rollbacks / passes, "forced_handoffs": forced}

@@ -11,8 +11,9 @@ num_accepted + 1 new tokens.
 import torch
 from torch import Tensor
 
-from ..ops import _validate as check
-from .engine import OP, Strategy, adapt_model
+from ..common import validate as check
+from .engine import OP, adapt_model
+from .strategy import Strategy
 from .standardize import draw, fit_vocab, standardize
 
 
@@ -126,11 +127,10 @@ class TwoModelStrategy(Strategy):
         q = standardize(logits, engine.sampling)
         return draw(q, engine.seeds, counter), q
 
-    def after_accept(self, engine, proposal, num_accepted: Tensor) -> None:
-        self.draft.rollback(engine, num_accepted, proposal.tokens.shape[1])
+    def commit(self, engine, proposal, accepted) -> None:
+        """The draft cache keeps the committed tokens but the last two (a chain's step)."""
+        self.draft.rollback(engine, accepted.num_accepted, proposal.tokens.shape[1])
 
-    def select_rows(self, index: Tensor) -> None:
-        self.draft.select_rows(index)
-
-    def caches(self) -> tuple:
-        return (self.draft.cache,)
+    def end_step(self, engine, all_accepted: bool, kept_rows: Tensor | None) -> None:
+        if kept_rows is not None:
+            self.draft.select_rows(kept_rows)

@@ -1,42 +1,7 @@
 """Token trees drafted by a small model for strategy `speculative` (tree_topk=K, tree_nodes=N,
 num_draft_tokens=DEPTH): dynamic per-row trees in the manner of EAGLE-2, with static shapes.
 
-One step, every row at once (tensor ops only: no host sync, shapes fixed by (DEPTH, K, N)):
-  level 1: the draft's forward over [prev, root] gives the root's distribution; its K most
-      probable tokens are the level-1 candidates and the first beam.
-  level d = 2..DEPTH: one draft forward over the tree [root, beam_1, ..., beam_{d-1}] (tree
-      attention on the draft's SpecCache; nothing committed) gives the distribution after each
-      node of beam_{d-1}; each expands its K most probable children (K*K candidates), and the K
-      of highest cumulative draft log-probability form beam_d.
-  tree: the N candidates of highest cumulative log-probability. A child never scores above its
-      parent (it adds a log-probability <= 0) and ties go to the earlier candidate, so the N
-      hold all their ancestors; kept in candidate order, parents come before children and
-      siblings in draft-probability order (the order the verify ops try them in).
-The cumulative score uses the distribution the draft would sample from (the standardised q when
-sampling, the softmax of its logits when greedy); which tokens form the tree never affects
-exactness, only how many are accepted.
-
-Sibling modes (`grow_tree(..., siblings=...)`):
-  "top" (default): the K most probable children of a node, deterministic; verified as one-hot
-      drafts (ops.tree_rejection_sample's default rule).
-  "sampled": a node's K children are K draws from its q WITHOUT replacement (sequential
-      inverse-CDF draws in the ops' fixed point, each draw's id taken out of the weights: the same
-      distribution as Gumbel-top-k, from K uniforms instead of V Gumbels), in draw order; the tree
-      then carries q per node (`Tree.draft_probs`) for ops.tree_rejection_sample(...,
-      siblings="without_replacement"). Exactness needs each node's children to be a prefix of its
-      draws whose presence never depends on their own value, so a sampled child is scored without
-      looking at its token: child j of v scores score(v) + log(sum of q_v^2 off the j - 1 earlier
-      draws) (the chance that v's next draw meets a token drawn from q_v), non-increasing in j
-      and never above its parent; candidates are ranked by (score, candidate order) with a stable
-      sort (beams too), so whether x_j is kept depends only on nodes ranked above it, none of which
-      depend on x_j. If q_v has fewer than j ids left, child j repeats the first draw and scores
-      -inf (the op skips a sibling q_j cannot draw).
-
-The draft forwards' node list [root, beam_1, ..., beam_{DEPTH-1}] only grows, so node i of the
-last forward sits at the draft cache's seq_lens + i: after the target's verdict, `draft_keep`
-names the accepted path's nodes there for kv_compact. Every non-leaf tree node is a beam node,
-so the draft holds K/V for every accepted node but the last (which the draft-cache invariant
-does not keep anyway).
+More on how it works: docs/internals.md, `specdec_kernels/decoding/draft_tree.py`.
 """
 
 from dataclasses import dataclass
@@ -44,9 +9,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..ops import _validate as check
-from ..reference import rng
-from ..reference._sampling import sample_weights, to_weights
+from ..common import validate as check
+from ..common import rng
+from ..common.sampling import sample_weights, to_weights
 from .engine import OP
 from .standardize import Sampling, standardize
 

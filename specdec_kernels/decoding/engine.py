@@ -4,114 +4,26 @@ forward on a SpecCache, accept with the strategy's op, roll the caches back, rep
 Cache invariant (shapes stay static whatever each row accepted): the target cache holds every
 committed token but the last one, the row's "root"; a step feeds [root, x_1..x_g] (g + 1 tokens)
 and `cache.rollback(num_accepted)` keeps the root and the accepted drafts, so the emitted
-correction/bonus token becomes the next root. Draft caches are the strategy's (see speculative.py).
+correction/bonus token becomes the next root. Draft caches are the strategy's (see draft_model.py).
 
-Rows are independent: per-row lengths, seeds and draw cursors; a finished row (EOS or
-max_new_tokens) writes nothing more and its cache lengths are frozen. The host reads one small
-tensor per step (finished flags + whether every row accepted everything) to decide whether to stop,
-drop finished rows (eager only) and adapt the draft length.
-
-Between calls (graph mode): the engine gets a GraphSession (graphs.py) for its session_key. Every tensor
-a captured step touches is made through `keep` (a new call fills the kept tensor in place) and every
-cache through `reuse`, so a second call with the same key replays the first call's graphs. Lengths
-are bucketed (`span`) so calls whose prompt + max_new_tokens fall in one bucket share graphs; the
-budget is a device tensor, not a number baked into the graphs.
+More on how it works: docs/internals.md, `specdec_kernels/decoding/engine.py`.
 """
 
-import abc
 import contextlib
 import time
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from .. import ops
-from ..ops import _validate as check
+from ..common import validate as check
 from ..reference.tree import tree_depths
 from . import graphs as graph_store
 from .output import GenerateOutput, Stats
 from .standardize import Sampling
+from .strategy import Accepted, Proposal, StepPlan, Strategy
 
 OP = "generate"
-
-
-@dataclass
-class Proposal:
-    """A strategy's drafts for one step. tokens [B, g] int64; probs [B, g, V] float32 (the
-    standardised q each token was drawn from; sampling only) or None; num_draft [B] int64 (ragged
-    rows, e.g. BiLD) or None (every row has g); extra: strategy tensors the accept rule needs."""
-
-    tokens: Tensor
-    probs: Tensor | None = None
-    num_draft: Tensor | None = None
-    extra: Tensor | None = None
-
-
-class Strategy(abc.ABC):
-    """What a decoding strategy supplies to the engine (it owns the draft model and its cache)."""
-
-    name = "strategy"
-    # True: greedy decoding of a decoder-only target takes the first token from the prefill's logits
-    # (accept() with zero drafts on them) instead of a first step that re-feeds the last prompt token
-    first_token_from_prefill = False
-
-    def start(self, engine: "Engine") -> None:
-        """Prepare the draft side for engine's batch (adapters, caches, prefill)."""
-
-    def plan(self, engine: "Engine", first: bool) -> None:
-        """Host-side, before each step and outside any captured graph (num_draft_tokens() is read
-        after it): a strategy whose step width depends on the data may read the device here (lookup,
-        eager only: the longest draft of the batch)."""
-
-    @abc.abstractmethod
-    def num_draft_tokens(self) -> int:
-        """Draft length g of the next step (static within a step)."""
-
-    def max_draft_tokens(self) -> int:
-        return self.num_draft_tokens()
-
-    @abc.abstractmethod
-    def propose(self, engine: "Engine", first: bool) -> Proposal:
-        """The next step's drafts (and their distributions when the accept rule needs them)."""
-
-    @abc.abstractmethod
-    def accept(self, engine: "Engine", proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
-        """(output_tokens [B, g+1], num_accepted [B]) from the target's logits [B, g+1, V]."""
-
-    def tree_parents(self, engine: "Engine", proposal: Proposal) -> Tensor | None:
-        """Parents [B, g+1] of the verified tokens [root, drafts] when they form a tree (PPD's
-        candidate branches); None for a chain."""
-        return None
-
-    def commit_target(self, engine: "Engine", proposal: Proposal, num_accepted: Tensor) -> None:
-        """Keep what the step accepted in the target cache (a chain: the root and the leading drafts)."""
-        engine.cache.rollback(num_accepted)
-
-    def after_accept(self, engine: "Engine", proposal: Proposal, num_accepted: Tensor) -> None:
-        """Roll the draft cache back to what the step committed."""
-
-    def end_step(self, all_accepted: bool) -> None:
-        """Host-side update after a step (adaptive draft length)."""
-
-    def select_rows(self, index: Tensor) -> None:
-        """Drop finished rows from the strategy's per-row state."""
-
-    def finish(self, engine: "Engine") -> None:
-        """After the last step, every row's tokens in engine.final (lookup: feed its LookupCache)."""
-
-    def caches(self) -> tuple:
-        """The strategy's own SpecCaches (the draft model's)."""
-        return ()
-
-    def report(self, engine: "Engine") -> dict:
-        return {}
-
-    def graph_key(self):
-        """Hashable configuration of everything the strategy bakes into captured graphs (Python numbers,
-        module identities), or None: graphs are then not kept between calls. Tensors the steps use
-        must come from engine.keep / engine.reuse in start() for kept graphs to stay valid."""
-        return None
 
 
 def adapt_model(model, role: str):
@@ -288,7 +200,7 @@ class Engine:
     def cache_length(self, adapter, role: str) -> int:
         """Room for the longest prompt, every new token and one step's drafts past the budget (the
         span's bucket when graphs are kept, within the model's positions)."""
-        extra = self.strategy.max_draft_tokens() + 2
+        extra = self.strategy.max_width + 2
         length = self.prompts.shape[1] + self.max_new_tokens + extra
         limit = adapter.max_positions()
         if limit is not None and length > limit:
@@ -327,7 +239,7 @@ class Engine:
         return self.strategy.first_token_from_prefill and not self.encoder_decoder and not self.sampling.do_sample
 
     def setup(self) -> None:
-        batch, width = self.prompts.shape[0], self.strategy.max_draft_tokens() + 1
+        batch, width = self.prompts.shape[0], self.strategy.max_width + 1
         self.folded = self.folds_first_step()
         self.cache = self.new_cache(self.target, "target", whole_prompt=self.folded)
         last = (self.prompt_lengths - 1).unsqueeze(1)
@@ -352,40 +264,54 @@ class Engine:
         self.strategy.start(self)
         if self.folded:  # the first token, as a step with zero drafts would have emitted it (greedy: no draws)
             no_drafts = Proposal(self.root.new_zeros(batch, 0))
-            out, num_accepted = self.strategy.accept(self, no_drafts, self.early_eos_banned(self.prefill_logits, None))
+            accepted = self.strategy.accept(self, no_drafts, self.early_eos_banned(self.prefill_logits, None))
             del self.prefill_logits
-            self.record(out, num_accepted, None)
+            self.record(accepted.tokens, accepted.num_accepted, None)
 
     # ---- one step ----------------------------------------------------------------------------
 
+    def plan_step(self, first: bool) -> StepPlan:
+        """The strategy's plan of the next step, kept as self.step (its width moves the draw cursor)."""
+        self.step = self.strategy.plan(self, first)
+        return self.step
+
     def verify_step(self, tokens: Tensor, probs: Tensor | None, num_draft: Tensor | None,
-                    extra: Tensor | None) -> Tensor:
-        """Target forward over [root, drafts], the strategy's accept rule, cache rollback and the
+                    extra: Tensor | None, parents: Tensor | None) -> Tensor:
+        """Target forward over [root, drafts], the strategy's accept rule, the caches' commit and the
         row bookkeeping, all on the device; returns the flags the host reads."""
-        proposal = Proposal(tokens, probs, num_draft, extra)
+        proposal = Proposal(tokens, probs, num_draft, extra, parents)
         fed = self.root.unsqueeze(1) if tokens.shape[1] == 0 else torch.cat([self.root.unsqueeze(1), tokens], dim=1)
-        parents = self.strategy.tree_parents(self, proposal)
         logits = self.early_eos_banned(self.target.verify(fed, self.cache, parents), parents)
-        out, num_accepted = self.strategy.accept(self, proposal, logits)
+        accepted = self.strategy.accept(self, proposal, logits)
         if self.graphs.enabled:  # finished rows stay in the batch: their lengths must not move
             before = self.cache.seq_lens.clone()
-            self.strategy.commit_target(self, proposal, num_accepted)
+            self.commit_target(proposal, accepted)
             self.cache.seq_lens.copy_(torch.where(self.finished, before, self.cache.seq_lens))
         else:  # eager: finished rows were dropped after the step that finished them, so every row is active
-            self.strategy.commit_target(self, proposal, num_accepted)
-        self.strategy.after_accept(self, proposal, num_accepted)
+            self.commit_target(proposal, accepted)
+        self.strategy.commit(self, proposal, accepted)
         self.advance_cursor()
-        self.record(out, num_accepted, num_draft)
+        self.record(accepted.tokens, accepted.num_accepted, num_draft)
         return self.flags
 
+    def commit_target(self, proposal: Proposal, accepted: Accepted) -> None:
+        """The target cache keeps the root and what the step accepted: a tree's accepted nodes (compact),
+        a chain's accepted prefix (rollback); a step without drafts keeps the one token it fed."""
+        if proposal.tokens.shape[1] == 0:
+            self.cache.commit(1)  # rollback(0) without the op call and its checks
+        elif accepted.nodes is not None:
+            self.cache.compact(accepted.nodes)
+        else:
+            self.cache.rollback(accepted.num_accepted)
+
     def advance_cursor(self) -> None:
-        """Move every row's draw cursor past each counter this step could read (reference/rng.py):
+        """Move every row's draw cursor past each counter this step could read (common/rng.py):
         its draws sit at cursor .. cursor + g for each purpose (a tree's levels stop at DEPTH <= g),
         so the next step starts at cursor + g + 1 whatever this one accepted. Keying steps by sequence
         position instead hands the next step draws that block verification already examined (it reads
         every coin and draft of its block), and the output leaves the target's law
         (tests/test_sampling_loops.py keeps that mutation)."""
-        self.cursor.add_(self.strategy.num_draft_tokens() + 1)
+        self.cursor.add_(self.step.width + 1)
 
     def early_eos_banned(self, logits: Tensor, parents: Tensor | None) -> Tensor:
         """min_new_tokens (HF's MinNewTokensLengthLogitsProcessor): the target's EOS logits are -inf
@@ -493,8 +419,8 @@ class Engine:
             done = self.after_step(self.flags)
         while not done:
             before = self.num_generated.clone() if self.on_step is not None else None
-            self.strategy.plan(self, first)
-            g = self.strategy.num_draft_tokens()
+            plan = self.plan_step(first)
+            g = plan.width
             key = (self.root.shape[0], g)
             if self.graphs.enabled:
                 self.trust_capacity()
@@ -504,7 +430,7 @@ class Engine:
                 else:
                     proposal = self.graphs(("draft", *key), lambda: self.strategy.propose(self, False))
             with timer.section("verify"):
-                inputs = (proposal.tokens, proposal.probs, proposal.num_draft, proposal.extra)
+                inputs = (proposal.tokens, proposal.probs, proposal.num_draft, proposal.extra, proposal.parents)
                 flags = (self.verify_step(*inputs) if first
                          else self.graphs(("verify", *key), self.verify_step, *inputs))
             first = False
@@ -513,20 +439,18 @@ class Engine:
                 self.observe_step(before)
             done = self.after_step(flags)
         self.store_rows(torch.ones_like(self.finished))
-        self.strategy.finish(self)
-        return self.output(stats, timer)
+        return self.output(stats, timer, self.strategy.finish(self))
 
     def after_step(self, flags: Tensor) -> bool:
         """Read the step's flags (its one host sync); True when every row is done. Eager mode drops
         the rows that finished."""
         host = flags.tolist()
         finished, all_accepted = host[:-1], host[-1]
-        self.strategy.end_step(all_accepted)
-        if all(finished):
-            return True
-        if any(finished) and not self.graphs.enabled:
-            self.drop_rows(torch.tensor([not f for f in finished], device=self.device))
-        return False
+        kept = None
+        if not all(finished) and any(finished) and not self.graphs.enabled:
+            kept = self.drop_rows(torch.tensor([not f for f in finished], device=self.device))
+        self.strategy.end_step(self, all_accepted, kept)
+        return all(finished)
 
     def observe_step(self, before: Tensor) -> None:
         """Hand the step's new tokens to `on_step(rows, tokens)` (rows: output row ids; tokens: each
@@ -555,25 +479,27 @@ class Engine:
         """Graph mode: the caches were sized for every token a row can write (cache_length) and
         finished rows are frozen, so the SpecCache's host-side overflow bound (which grows on every
         eager call and, near the end, reads the lengths back: a sync capture forbids) is reset."""
-        for cache in (self.cache, *self.strategy.caches()):
-            cache._length_bound = 0
+        for kept in self.session.state.values():  # the target's cache and the strategy's (engine.reuse)
+            if hasattr(kept, "_length_bound"):
+                kept._length_bound = 0
 
-    def drop_rows(self, keep: Tensor) -> None:
-        """Eager mode: move finished rows' tokens to the output and drop them from every cache."""
+    def drop_rows(self, keep: Tensor) -> Tensor:
+        """Eager mode: move finished rows' tokens to the output and drop them from the target's cache and
+        the per-row state; returns the indices of the rows kept (the strategy drops its rows in end_step)."""
         self.store_rows(~keep)
         index = keep.nonzero().squeeze(1)
         self.cache.select_rows(index)
         for name in ("root", "prev", "generated", "num_generated", "finished", "seeds", "cursor", "row_ids"):
             setattr(self, name, getattr(self, name).index_select(0, index))
         self.flags = self.flags.new_zeros(index.numel() + 1)
-        self.strategy.select_rows(index)
+        return index
 
     def store_rows(self, rows: Tensor) -> None:
         ids = self.row_ids[rows]
         self.final[ids] = self.generated[rows, :self.max_new_tokens]
         self.final_lengths[ids] = self.num_generated[rows]
 
-    def output(self, stats: Stats, timer: "StepTimer") -> GenerateOutput:
+    def output(self, stats: Stats, timer: "StepTimer", extra: dict) -> GenerateOutput:
         longest = int(self.final_lengths.max()) if self.final_lengths.numel() else 0
         new = self.final[:, :longest]
         if self.encoder_decoder:
@@ -587,7 +513,7 @@ class Engine:
         stats.per_position_acceptance = [a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at)]
         stats.draft_time_s, stats.verify_time_s = timer.totals()
         # captured: by this call; kept: in the session, replayed by later calls of the same key
-        stats.extra = dict(self.strategy.report(self), cuda_graphs_captured=self.graphs.captured - self.captured_before,
+        stats.extra = dict(extra, cuda_graphs_captured=self.graphs.captured - self.captured_before,
                            cuda_graphs_kept=self.graphs.captured if self.session.stored else 0)
         return GenerateOutput(sequences, stats)
 

@@ -8,31 +8,7 @@ CUDA graphs need); the second captures and replays; later calls copy their input
 input buffers (skipped when they already are those buffers) and replay. Outputs of a replayed step
 are the captured output tensors, overwritten by the next replay.
 
-Warm-up and capture run on ONE side stream per device (the backend's), so the per-stream workspaces
-that the single-launch kernels cache (common/workspace.py) are found again during capture: a captured
-op is one kernel node, not a memset plus the kernel (torch.cuda.graph would otherwise capture on a
-private stream of its own, which has no cached workspace).
-
-Graphs outlive the call that captured them: a GraphSession keeps the runner, the strategy object the
-graphs were captured with and every tensor or object the captured steps read or write (the engine's
-`keep` / `reuse`), keyed by everything that is baked into the graphs (engine.Engine.session_key). A
-later call with the same key fills those tensors in place and replays, capturing nothing. At most
-MAX_SESSIONS sessions are kept (least recently used evicted); clear_graph_cache() frees them all. A
-kept session holds its models, caches and graph memory alive until it is evicted or cleared.
-
-A capture that raises (torch refuses an op while the stream is capturing, memory runs out) does not
-fail `generate`: the runner warns once (RuntimeWarning) and runs that step and the rest of the call
-eagerly. It stays in graph mode (`enabled` is what the step functions read: finished rows stay in the
-batch), as a warm-up does, so the tokens are the eager path's. The eager rerun of the step assumes
-the failed capture ran nothing: CUDA records captured kernels without running them, so the state a
-step writes in place is as it was (a fake backend's capture must not run the step either). The
-call's session is discarded at once, its graphs half made; the next call of that key starts afresh
-and tries to capture again, so a transient failure (memory, another thread's sync during a global
-mode capture) recovers, and a lasting one costs a failed capture and a warning per call (Python's
-default filter shows the same warning once).
-
-The torch.cuda calls sit behind a small backend (CudaGraphs) that tests replace with a fake
-(use_backend) to count captures on the CPU.
+More on how it works: docs/internals.md, `specdec_kernels/decoding/graphs.py`.
 """
 
 import collections
@@ -109,6 +85,11 @@ def use_backend(backend):
         yield backend
     finally:
         _backend = previous
+
+
+def current_backend():
+    """The graph backend GraphRunners use now (CUDA graphs, or a stand-in under use_backend)."""
+    return _backend
 
 
 class GraphRunner:

@@ -4,36 +4,16 @@ or as a token tree of every earlier continuation ranked by frequency (SuffixDeco
 target in one forward with the chain and tree ops, so greedy output is the target's greedy output and
 sampled output follows the target's distribution.
 
-A step, every row at once (lookup_match.py, lookup_tree.py: tensor ops, static shapes, no host sync):
-  text    the row's prompt (for an encoder-decoder, its encoder input first) and the tokens generated so
-          far; with `lookup_cache`, the caller's earlier outputs in front of it;
-  match   the longest suffix of the text, max_ngram down to min_ngram tokens, that occurred before;
-  chain   (tree_nodes=0) the up to num_draft_tokens tokens that followed its first occurrence
-          (match="first", the default: HF's prompt lookup takes the first match left to right) or its most
-          recent one (match="recent");
-  tree    (tree_nodes=N) the N most frequent nodes of the trie of every occurrence's continuation, at most
-          ceil(num_draft_tokens * n / max_ngram) levels deep for a match of n tokens (longer matches draft
-          deeper, as SuffixDecoding's alpha * n).
-Rows with no match draft nothing (num_draft = 0: the verify ops emit the target's own token, a plain step).
-Width: on the CPU, or on a GPU without CUDA graphs, the step is as wide as the longest draft of the batch
-(one host read per step, `plan`), so a batch with no match runs a one-token forward; under CUDA graphs the
-width is static (num_draft_tokens, or tree_nodes), the match runs inside the captured draft step, and rows
-with shorter drafts are ragged (num_draft), which costs a GPU little at decode batch sizes.
-
-Verification: drafts are deterministic, so q is one-hot. Greedy: ops.greedy_verify (ragged) and
-ops.tree_greedy_verify. Sampling: chains with ops.block_verify (the default) or ops.rejection_sample
-(`verification="token"`); trees with ops.tree_rejection_sample over one-hot siblings, where each rejected
-sibling is removed from the target's residual (recursive rejection sampling without replacement for
-distinct deterministic drafts). Every draw is keyed by the row's cursor (engine.cursor; the step reads
-counters cursor .. cursor + g, g = num_draft_tokens() the step's width); the strategy draws nothing itself.
+More on how it works: docs/internals.md, `specdec_kernels/decoding/lookup.py`.
 """
 
 import torch
 from torch import Tensor
 
 from .. import ops
-from ..ops import _validate as check
-from .engine import OP, Engine, Proposal, Strategy, right_aligned
+from ..common import validate as check
+from .engine import OP, Engine, right_aligned
+from .strategy import Accepted, Proposal, StepPlan, Strategy
 from .lookup_cache import LookupCache
 from .lookup_match import chain, scan
 from .lookup_tree import tree
@@ -91,8 +71,7 @@ class LookupDecoder(Strategy):
                        TypeError)
         self.cache = lookup_cache
         self.depth = min(self.k, self.nodes) if self.nodes else self.k  # a tree of N nodes is at most N deep
-        self.width = self.step_depth = self.max_draft_tokens()
-        self.planned = None
+        self.max_width = self.nodes or self.k
 
     def generate(self, input_ids, **kwargs):
         """specdec_kernels.generate(target, input_ids, strategy=self, **kwargs)."""
@@ -100,12 +79,6 @@ class LookupDecoder(Strategy):
         return generate(self.target_model, input_ids, strategy=self, **kwargs)
 
     # ---- engine interface --------------------------------------------------------------------
-
-    def max_draft_tokens(self) -> int:
-        return self.nodes or self.k
-
-    def num_draft_tokens(self) -> int:
-        return self.width  # the step's static width g: its draws sit at cursor .. cursor + g
 
     def graph_key(self):
         cache = None if self.cache is None else (id(self.cache), self.cache.max_tokens)
@@ -115,7 +88,6 @@ class LookupDecoder(Strategy):
         """The row texts' buffer: context (encoder input, then the decoder's prompt) at its start, the
         generated tokens written after it each step; one slot past any text (its last) absorbs the
         writes of generated slots beyond the budget."""
-        self.width, self.step_depth, self.planned = self.max_draft_tokens(), self.depth, None
         device, batch = engine.device, engine.prompts.shape[0]
         parts, lengths = [], []
         if engine.encoder_decoder:
@@ -140,9 +112,10 @@ class LookupDecoder(Strategy):
                 self.cache.to(device)
             engine.session.state.setdefault("lookup.cache", self.cache)  # kept graphs read its tensor
 
-    def draft(self, engine: Engine) -> Proposal:
-        """The step's drafts at full width: Proposal(tokens [B, g], num_draft [B]) for a chain,
-        Proposal(tokens [B, N], num_draft = each tree's depth, extra = parents [B, N + 1]) for a tree."""
+    def draft(self, engine: Engine) -> tuple[Proposal, Tensor]:
+        """The step's drafts at full width and each row's draft count: Proposal(tokens [B, g], num_draft [B])
+        for a chain, Proposal(tokens [B, N], num_draft = each tree's depth, parents [B, N + 1]) and each
+        tree's node count for a tree."""
         generated = engine.generated
         width = self.text.shape[1]
         where = self.context.unsqueeze(1) + torch.arange(generated.shape[1], device=engine.device)
@@ -159,81 +132,64 @@ class LookupDecoder(Strategy):
         self.matched += torch.stack([((found.best > 0) & active).sum(), active.sum()])
         if not self.nodes:
             tokens, count = chain(text, end, found, self.k, limit, recent=self.match == "recent")
-            return Proposal(tokens, num_draft=count)
+            return Proposal(tokens, num_draft=count), count
         drafted = tree(text, end, found, nodes=self.nodes, depth=self.depth, max_ngram=self.max_ngram, limit=limit)
-        self.tree_count = drafted.count
-        return Proposal(drafted.tokens, num_draft=drafted.depth, extra=drafted.parents)
+        return Proposal(drafted.tokens, num_draft=drafted.depth, parents=drafted.parents), drafted.count
 
-    def plan(self, engine: Engine, first: bool) -> None:
-        """Eager steps only: draft now and make the step as wide as its longest draft (one host read). A tree
-        that is a single path in every row (no occurrence branched) is verified as the chain it is."""
+    def plan(self, engine: Engine, first: bool) -> StepPlan:
+        """Eager steps: draft now and make the step as wide as its longest draft (one host read). A tree that
+        is a single path in every row (no occurrence branched) is verified as the chain it is. Under CUDA
+        graphs the width is static and the captured draft step drafts."""
         if engine.graphs.enabled:
-            return
-        proposal = self.draft(engine)
-        count = self.tree_count if self.nodes else proposal.num_draft
+            return StepPlan(self.max_width, self.depth)
+        proposal, count = self.draft(engine)
         width, depth, branched = torch.stack([count.max(), proposal.num_draft.max(),
                                               (count != proposal.num_draft).sum()]).tolist()
-        self.width, self.step_depth = width, depth
-        extra = None if proposal.extra is None or not branched else proposal.extra[:, :width + 1]
-        self.planned = Proposal(proposal.tokens[:, :width], num_draft=proposal.num_draft, extra=extra)
+        parents = None if proposal.parents is None or not branched else proposal.parents[:, :width + 1]
+        return StepPlan(width, depth, Proposal(proposal.tokens[:, :width], num_draft=proposal.num_draft,
+                                               parents=parents))
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
-        planned, self.planned = self.planned, None
-        return planned if planned is not None else self.draft(engine)
+        planned = engine.step.proposal  # eager: drafted by plan
+        return planned if planned is not None else self.draft(engine)[0]
 
-    def tree_parents(self, engine: Engine, proposal: Proposal) -> Tensor | None:
-        return proposal.extra if proposal.extra is not None and proposal.tokens.shape[1] else None
-
-    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
-        """A tree (parents in proposal.extra) node by node; a chain, or a tree of single paths (num_draft is
-        each row's path length), with the chain ops."""
-        self.accepted_nodes = None
+    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> Accepted:
+        """A tree (proposal.parents) node by node; a chain, or a tree of single paths (num_draft is each
+        row's path length), with the chain ops."""
         if not proposal.tokens.shape[1]:  # no row drafted: a plain step
             return accept_plain(engine, proposal, logits)
-        if proposal.extra is not None:
+        if proposal.parents is not None:
             return self.accept_tree(engine, proposal, logits)
         drafts, count = proposal.tokens, proposal.num_draft
         if not engine.sampling.do_sample:
-            return ops.greedy_verify(logits, drafts, num_draft_tokens=count, backend=engine.backend)
+            return Accepted(*ops.greedy_verify(logits, drafts, num_draft_tokens=count, backend=engine.backend))
         target_probs = standardize(logits, engine.sampling)
         one_hot = torch.nn.functional.one_hot(drafts, target_probs.shape[-1]).to(target_probs.dtype)
         verify = ops.block_verify if self.verification == "block" else ops.rejection_sample
-        return verify(target_probs, one_hot, drafts, seed=engine.seeds, offsets=engine.cursor, num_draft_tokens=count,
-                      backend=engine.backend)
+        return Accepted(*verify(target_probs, one_hot, drafts, seed=engine.seeds, offsets=engine.cursor,
+                                num_draft_tokens=count, backend=engine.backend))
 
-    def accept_tree(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
+    def accept_tree(self, engine: Engine, proposal: Proposal, logits: Tensor) -> Accepted:
+        """The tree's nodes one by one, as deep as the step's plan (engine.step.depth)."""
         tokens = torch.cat([engine.root.unsqueeze(1), proposal.tokens], dim=1)
-        parents = proposal.extra
+        parents, depth = proposal.parents, engine.step.depth
         if not engine.sampling.do_sample:
-            out, num_accepted, self.accepted_nodes = ops.tree_greedy_verify(
-                logits, tokens, parents, max_depth=self.step_depth, backend=engine.backend)
-            return out, num_accepted
+            return Accepted(*ops.tree_greedy_verify(logits, tokens, parents, max_depth=depth, backend=engine.backend))
         target_probs = standardize(logits, engine.sampling)
         one_hot = torch.nn.functional.one_hot(tokens, target_probs.shape[-1]).to(target_probs.dtype)
-        out, num_accepted, self.accepted_nodes = ops.tree_rejection_sample(
-            target_probs, one_hot, tokens, parents, seed=engine.seeds, offsets=engine.cursor,
-            max_depth=self.step_depth, backend=engine.backend)
-        return out, num_accepted
+        return Accepted(*ops.tree_rejection_sample(target_probs, one_hot, tokens, parents, seed=engine.seeds,
+                                                   offsets=engine.cursor, max_depth=depth, backend=engine.backend))
 
-    def commit_target(self, engine: Engine, proposal: Proposal, num_accepted: Tensor) -> None:
-        if not proposal.tokens.shape[1]:
-            engine.cache.commit(1)  # the root alone was fed: keep it (as plain does)
-        elif self.accepted_nodes is None:
-            engine.cache.rollback(num_accepted)
-        else:
-            engine.cache.compact(self.accepted_nodes)
+    def end_step(self, engine: Engine, all_accepted: bool, kept_rows: Tensor | None) -> None:
+        if kept_rows is not None:
+            self.text = self.text.index_select(0, kept_rows)
+            self.context = self.context.index_select(0, kept_rows)
 
-    def select_rows(self, index: Tensor) -> None:
-        self.text = self.text.index_select(0, index)
-        self.context = self.context.index_select(0, index)
-
-    def finish(self, engine: Engine) -> None:
-        """Add every row's new tokens to the lookup cache, in row order."""
+    def finish(self, engine: Engine) -> dict:
+        """Add every row's new tokens to the lookup cache, in row order; the call's statistics."""
         if self.cache is not None:
             lengths = engine.final_lengths.tolist()
             self.cache.add([row[:n] for row, n in zip(engine.final, lengths)])
-
-    def report(self, engine: Engine) -> dict:
         matched, steps = self.matched.tolist()
         out = {"match_rate": matched / steps if steps else 0.0}
         if self.nodes:

@@ -5,21 +5,13 @@ across `generate` calls (agent loops, repeated requests: SuffixDecoding's global
     for request in requests:
         out = specdec_kernels.generate(target, ids, strategy="lookup", lookup_cache=cache, ...)
 
-Storage: one int64 tensor of `max_tokens` + 1 slots on the models' device, oldest tokens first, each
-document (a row's new tokens at the end of a call, or what `add` was given) followed by a -1 separator
-(no match and no continuation crosses it). Memory: 8 * (max_tokens + 1) bytes, and each decoding step
-scans it for every row (a [B, max_tokens] comparison per suffix token, lookup_match.py), so the bound is
-also the per-step cost. Eviction: first in, first out by token: a new document pushes the oldest tokens
-out (a partly evicted document keeps its tail, which still matches and continues); a document longer than
-the cache keeps its last `max_tokens - 1` tokens. Updates are in place (the tensor's address never
-changes), so CUDA graphs kept between calls replay on the new contents. Token ids only: one cache per
-tokenizer. Not thread-safe: one call at a time.
+More on how it works: docs/internals.md, `specdec_kernels/decoding/lookup_cache.py`.
 """
 
 import torch
 from torch import Tensor
 
-from ..ops import _validate as check
+from ..common import validate as check
 
 OP = "LookupCache"
 

@@ -1,19 +1,7 @@
 """Where a row's text repeats its own end: the suffix scan behind strategy `lookup` (lookup.py), and the
 chain draft it gives.
 
-A row's text (prompt + generated tokens; for encoder-decoders the encoder input first; optionally the
-earlier outputs of a LookupCache before it) lies in one [B, W] buffer: positions >= end[b] are not text,
-and -1 (separators, padding) never matches a token. `scan` answers, for every position t, how many of
-the text's last max_ngram tokens the text ending at t repeats (0..max_ngram): the answer a suffix tree
-of the text gives to the query "where does the current suffix occur, and how long is each match",
-computed by max_ngram vectorised comparisons over the buffer. No host sync and static shapes, so a
-CUDA graph captures it; the cost is O(B * W * max_ngram) element operations per step (W = the text
-buffer, plus a LookupCache's capacity when one is passed), which a GPU does in microseconds for W in
-the tens of thousands. Its "update as tokens are accepted" is the buffer's: the next scan sees them.
-
-Everything downstream is gathers on that array: the longest match n (the largest agreement at any
-position with a continuation), the position whose continuation is drafted (`chain`: the first such
-position, as HF's prompt lookup takes it, or the most recent), or all of them (lookup_tree.py).
+More on how it works: docs/internals.md, `specdec_kernels/decoding/lookup_match.py`.
 """
 
 from dataclasses import dataclass

@@ -1,27 +1,7 @@
 """Token trees from every earlier occurrence of a row's suffix (strategy `lookup` with tree_nodes > 0), in the
 manner of SuffixDecoding (Oliaro et al., NeurIPS 2025), on the scan of lookup_match.py.
 
-The occurrences are the positions where the row's text agrees with its end on min_ngram tokens or more
-(the OCCURRENCES best of them: longest agreement first, then most recent). Their continuations form a trie:
-a node is a distinct prefix of the continuations. SuffixDecoding scores a node by its count among the
-occurrences of the longest match (count / occurrences is the empirical probability of the path: the
-product of the conditional frequencies along it telescopes to that); here a node is ranked by the longest
-agreement among the occurrences through it, then by how many occurrences of that agreement pass through
-it, then by the best-ranked occurrence reaching it, then by depth. The longest match's subtree so comes
-first, exactly SuffixDecoding's order, and the shorter matches' branches fill what is left of the budget
-(an n-gram model's back-off). The tree keeps the `nodes` best nodes. A node never outranks its parent (the
-parent carries every occurrence the child does, so its agreement and count are at least the child's, and
-on a tie it is reached by the same or a better occurrence and is shallower), so the kept nodes hold all
-their ancestors, and in rank order parents come before children and siblings come best first, the order
-the verify ops try them in. Among nodes of equal rank the most recent occurrence's whole continuation
-comes first, so a budget above the shared nodes holds the chain that `match="recent"` drafts.
-
-Adaptive length: an occurrence agreeing on n tokens (of max_ngram) continues at most
-ceil(depth * n / max_ngram) levels, a 1-token match a third as deep as a 3-token one (SuffixDecoding caps
-its tree at alpha * n tokens the same way): the longer the match, the likelier its continuation repeats.
-
-Tensor ops with static shapes only (a [B, M, M, depth] comparison for M occurrences): no host sync, so a
-CUDA graph captures it.
+More on how it works: docs/internals.md, `specdec_kernels/decoding/lookup_tree.py`.
 """
 
 from dataclasses import dataclass

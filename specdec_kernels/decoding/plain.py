@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from .. import ops
-from .engine import Engine, Proposal, Strategy
+from .engine import Engine
+from .strategy import Accepted, Proposal, Strategy
 from .standardize import standardize
 
 
@@ -30,33 +31,26 @@ class PlainDecoder(Strategy):
 
     # ---- engine interface --------------------------------------------------------------------
 
-    def num_draft_tokens(self) -> int:
-        return 0
-
     def graph_key(self):
         return (self.name,)
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
         return Proposal(engine.root.new_zeros(engine.root.shape[0], 0))
 
-    def commit_target(self, engine: Engine, proposal: Proposal, num_accepted: Tensor) -> None:
-        # rollback(num_accepted) with no drafts keeps the one token fed: commit it (no op call, no checks)
-        engine.cache.commit(1)
-
-    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
+    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> Accepted:
         return accept_plain(engine, proposal, logits)
 
 
-def accept_plain(engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
+def accept_plain(engine: Engine, proposal: Proposal, logits: Tensor) -> Accepted:
     """A step without drafts (also lookup's steps where no row matched): argmax, or a draw from the target's row."""
     # the verification ops with zero drafts are exactly argmax / a draw from the target's row
     if not engine.sampling.do_sample:
         if engine.backend == "auto":  # greedy_verify of no drafts, without the op's cost per token
             inf = float("inf")  # NaN never wins (as in greedy_verify); infinities stay as they are
             token = torch.argmax(torch.nan_to_num(logits[:, -1].float(), nan=-inf, posinf=inf, neginf=-inf), dim=-1)
-            return token.unsqueeze(1), torch.zeros_like(token)
-        return ops.greedy_verify(logits, proposal.tokens, backend=engine.backend)
+            return Accepted(token.unsqueeze(1), torch.zeros_like(token))
+        return Accepted(*ops.greedy_verify(logits, proposal.tokens, backend=engine.backend))
     target_probs = standardize(logits, engine.sampling)
     no_drafts = target_probs.new_zeros(target_probs.shape[0], 0, target_probs.shape[-1])
-    return ops.rejection_sample(target_probs, no_drafts, proposal.tokens, seed=engine.seeds,
-                                offsets=engine.cursor, backend=engine.backend)
+    return Accepted(*ops.rejection_sample(target_probs, no_drafts, proposal.tokens, seed=engine.seeds,
+                                         offsets=engine.cursor, backend=engine.backend))

@@ -1,29 +1,16 @@
 """Strategy `ppd` (Yang et al., "Predictive Pipelined Decoding"), its latency/compute theory
 (Theorem 4.1) and a match-rate tool shaped like the paper's Table 2.
 
-The paper runs k+1 processes on k+1 GPUs: the main one finishes token t's upper layers while
-each sub-process feeds one top-k early guess of token t+1 (from layer d̄) through the lower
-layers. On ONE GPU that layout gains nothing when decoding is bandwidth bound (a run-start token
-reads more weights than greedy; shared/notes/ppd.md §7.2, "M1"). We implement the single-GPU
-form the note favours ("M2"), in which the guesses ride along in the verify forward as k tree
-branches:
-
-  step (root = x_t, the last emitted token, not yet in the cache):
-    1. half sweep: x_t through layers [0, d̄); candidates c_1..c_k = top-k of the early head on
-       its hidden state (ops.early_exit_topk; head "N" = the model's final norm + LM head,
-       "Y" = a head trained for layer d̄);
-    2. one full sweep of the tree [x_t, c_1..c_k] (every c_i a child of x_t; ops.tree_attention):
-       x_{t+1} = argmax of x_t's final logits; if c_i == x_{t+1}, c_i's own final logits give
-       x_{t+2} exactly (its row saw the prefix, x_t and itself: the greedy context);
-    3. the cache keeps x_t and, on a hit, c_i (cache.compact); the emitted tokens come only from
-       final-layer logits, so the output is greedy's token for token.
-  Cost per step ≈ d + d̄ layer sweeps for 1 + p tokens: speed-up ≈ (1 + p)·d / (d + d̄) when
-  bandwidth bound (theory(...)["single_gpu_speedup"]), break-even at p = d̄/d.
-Step 1 writes x_t's lower-layer K/V, which step 2 rewrites in place (same slot, same inputs).
-The CUDA-streams overlapped form (M1) is not implemented.
+The paper runs k+1 processes on k+1 GPUs; on one GPU that layout gains nothing when decoding is
+bandwidth bound, so this is a single-GPU form: each step runs the root through the lower layers,
+takes the early head's top-k as candidates, and verifies them as k one-node branches of a tree in
+one full forward (ops.early_exit_topk, ops.tree_attention). The emitted tokens come only from
+final-layer logits, so the output is greedy's token for token.
 
 Statistics: stats.per_position_acceptance[0] is the measured match rate p̂ (hits per step);
 stats.extra carries exit_layer, k, head and the theory at that p̂.
+
+More on how it works: docs/internals.md, `specdec_kernels/decoding/ppd.py`.
 """
 
 import copy
@@ -31,8 +18,9 @@ import copy
 import torch
 from torch import Tensor
 
-from ..ops import _validate as check
-from .engine import OP, Engine, Proposal, Strategy, weight_addresses
+from ..common import validate as check
+from .engine import OP, Engine, weight_addresses
+from .strategy import Accepted, Proposal, Strategy
 
 HEAD_KINDS = ("N", "Y")
 
@@ -54,7 +42,7 @@ class PPDDecoder(Strategy):
 
     def __init__(self, target=None, *, exit_layer: int | None = None, k: int = 3, head=None, candidates=None):
         self.target_model = target
-        self.k = check.positive_int(OP, "k", k)
+        self.k = self.max_width = check.positive_int(OP, "k", k)
         self.exit_layer_option = None if exit_layer is None else check.positive_int(OP, "exit_layer", exit_layer)
         self.head_option, self.candidates = head, candidates
         if candidates is not None and not callable(candidates):
@@ -105,9 +93,6 @@ class PPDDecoder(Strategy):
             head = cast
         self.head = head
 
-    def num_draft_tokens(self) -> int:
-        return self.k
-
     def graph_key(self):
         head = self.head_option
         if head not in (None, "N"):  # trained heads: the object and where its weights live
@@ -121,31 +106,25 @@ class PPDDecoder(Strategy):
             tokens = self.candidates(engine, hidden).to(torch.int64)
         else:
             _, tokens = self.head.topk(hidden, self.k, backend=engine.backend)
-        # one guessed position per step: stats.per_position_acceptance[0] is the match rate
-        return Proposal(tokens, num_draft=torch.ones_like(engine.root))
-
-    def tree_parents(self, engine: Engine, proposal: Proposal) -> Tensor:
-        batch, k = proposal.tokens.shape
+        # every candidate a child of the root: k branches of one node each
+        batch, k = tokens.shape
         parents = torch.zeros(batch, k + 1, dtype=torch.int64, device=engine.device)
         parents[:, 0] = -1
-        return parents
+        # one guessed position per step: stats.per_position_acceptance[0] is the match rate
+        return Proposal(tokens, num_draft=torch.ones_like(engine.root), parents=parents)
 
-    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
-        """out [B, 2] = (x_{t+1}, x_{t+2} on a hit), num_accepted [B] in {0, 1}."""
+    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> Accepted:
+        """tokens [B, 2] = (x_{t+1}, x_{t+2} on a hit), num_accepted [B] in {0, 1}, nodes: the root and the hit."""
         following = logits[:, 0].argmax(dim=-1)  # the main row: greedy's next token
         hits = proposal.tokens == following.unsqueeze(1)
         hit = hits.any(dim=1)
         branch = hits.to(torch.int8).argmax(dim=1)  # the first matching candidate
         rows = torch.arange(logits.shape[0], device=logits.device)
         after = logits[rows, branch + 1].argmax(dim=-1)
-        self.accepted_nodes = torch.stack([torch.zeros_like(branch), torch.where(hit, branch + 1, -1)], dim=1)
-        num_accepted = hit.to(torch.int64)
-        return torch.stack([following, torch.where(hit, after, engine.pad)], dim=1), num_accepted
+        nodes = torch.stack([torch.zeros_like(branch), torch.where(hit, branch + 1, -1)], dim=1)
+        return Accepted(torch.stack([following, torch.where(hit, after, engine.pad)], dim=1), hit.to(torch.int64), nodes)
 
-    def commit_target(self, engine: Engine, proposal: Proposal, num_accepted: Tensor) -> None:
-        engine.cache.compact(self.accepted_nodes)
-
-    def report(self, engine: Engine) -> dict:
+    def finish(self, engine: Engine) -> dict:
         steps, hits = int(engine.drafted_at[0]), int(engine.accepted_at[0])
         rate = hits / steps if steps else 0.0
         out = {"exit_layer": self.exit_layer, "k": self.k, "head": self.head_kind, "match_rate": rate}

@@ -8,19 +8,16 @@ output. Any other setting is LOSSY by design (the paper selects top_beta=3, tau=
 86.5 relative BLEU against greedy): bench/sweep_specdec.py measures the drift as the share of
 outputs identical to greedy. Greedy only: SpecDec has no sampling variant (do_sample=True is an error).
 
-The drafter keeps its own prefix cache (models/specdec_drafter.py): each step feeds it the tokens
-the previous step committed (the accepted drafts and the target's token, held in preallocated
-buffers so the step is CUDA-graph capturable) plus the masks. Statistics: stats.mean_accepted_tokens
-is the paper's Tok. (tokens per iteration), stats.per_position_acceptance the acceptance at each
-block position; one drafter forward per step (stats.extra["drafter_forwards"] = steps).
+More on how it works: docs/internals.md, `specdec_kernels/decoding/specdec.py`.
 """
 
 import torch
 from torch import Tensor
 
 from .. import ops
-from ..ops import _validate as check
-from .engine import OP, Engine, Proposal, Strategy, weight_addresses
+from ..common import validate as check
+from .engine import OP, Engine, weight_addresses
+from .strategy import Accepted, Proposal, Strategy
 
 
 class SpecDecDecoder(Strategy):
@@ -38,7 +35,7 @@ class SpecDecDecoder(Strategy):
                            f"(got {type(drafter).__name__})")
         self.target_model, self.drafter = target, drafter
         k = block_size if block_size is not None else drafter.config.block_size
-        self.k = check.positive_int(OP, "block_size", k)
+        self.k = self.max_width = check.positive_int(OP, "block_size", k)
         self.top_beta = check.positive_int(OP, "top_beta", top_beta)
         self.tau = check.real_number(OP, "tau", tau, minimum=0.0)
 
@@ -88,9 +85,6 @@ class SpecDecDecoder(Strategy):
         self.pending_count = engine.keep("specdec.pending_count",
                                          torch.zeros(batch, dtype=torch.int64, device=engine.device))
 
-    def num_draft_tokens(self) -> int:
-        return self.k
-
     def graph_key(self):
         return (self.name, id(self.drafter), weight_addresses(self.drafter), self.k, self.top_beta, self.tau)
 
@@ -102,20 +96,22 @@ class SpecDecDecoder(Strategy):
         drafts, _ = self.drafter.draft(tokens, count, self.cache, self.k)
         return Proposal(drafts)
 
-    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> tuple[Tensor, Tensor]:
+    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> Accepted:
         out, num_accepted = ops.relaxed_verify(logits, proposal.tokens, top_beta=self.top_beta, tau=self.tau,
                                                backend=engine.backend)
-        self.pending.copy_(out.clamp(min=0))  # in place: the captured draft step reads these buffers
-        self.pending_count.copy_(num_accepted + 1)
-        return out, num_accepted
+        return Accepted(out, num_accepted)
 
-    def select_rows(self, index: Tensor) -> None:
-        self.cache.select_rows(index)
-        self.pending = self.pending.index_select(0, index)
-        self.pending_count = self.pending_count.index_select(0, index)
+    def commit(self, engine: Engine, proposal: Proposal, accepted: Accepted) -> None:
+        """What the next draft step feeds: this step's committed tokens (in place: the captured draft step
+        reads these buffers)."""
+        self.pending.copy_(accepted.tokens.clamp(min=0))
+        self.pending_count.copy_(accepted.num_accepted + 1)
 
-    def caches(self) -> tuple:
-        return (self.cache,)
+    def end_step(self, engine: Engine, all_accepted: bool, kept_rows: Tensor | None) -> None:
+        if kept_rows is not None:
+            self.cache.select_rows(kept_rows)
+            self.pending = self.pending.index_select(0, kept_rows)
+            self.pending_count = self.pending_count.index_select(0, kept_rows)
 
-    def report(self, engine: Engine) -> dict:
+    def finish(self, engine: Engine) -> dict:
         return {"block_size": self.k, "top_beta": self.top_beta, "tau": self.tau, "lossless": self.lossless}

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..reference import rng
-from ..reference._sampling import sample_with_fallback, to_weights
+from ..common import rng
+from ..common.sampling import sample_with_fallback, to_weights
 
 SALT_DRAFT = 2  # Philox purpose of a draft-model draw (the verify ops use rng.SALT_ACCEPT and SALT_FINAL)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..ops import _validate as check
+from ..common import validate as check
 from .attention import register
 from .cache import SpecCache
 from .cache_keyword import cache_keyword

@@ -9,18 +9,7 @@ A forward on a SpecCache passes one extra keyword, `specdec_step=TreeStep(cache,
 forwards unknown keywords from the model's forward down to the attention function. The new
 tokens' K/V were written by `SpecCache.update` at seq_lens[b] + i just before the call.
 
-ops.tree_attention runs on the cache's `backend` (SpecCache(backend=...), which generate's
-`backend` sets), so a call that names a backend runs that backend's attention kernel.
-
-A chain in eager CPU mode (no tree, no lse needed: plain decoding, chain drafts, prefill) on a
-cache whose backend is "auto" or "torch" takes a lean path instead: torch's SDPA over the cache's
-first max(seq_lens) + N slots with a causal mask offset by each row's length, built once per
-forward (ChainPlan) and shared by every layer. It computes the same attention as
-ops.tree_attention's torch reference (the same fused CPU kernel) without the op's checks,
-dispatch, per-layer mask building and lse: it IS the torch backend on the CPU, so a cache that
-names another backend (Triton under TRITON_INTERPRET=1) skips it and runs that kernel. GPUs,
-trees and torch.compile keep ops.tree_attention (its Triton/CUDA kernels, CUDA graphs, the
-registered custom op).
+More on how it works: docs/internals.md, `specdec_kernels/hf/attention.py`.
 """
 
 from dataclasses import dataclass, field

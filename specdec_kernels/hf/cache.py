@@ -5,17 +5,7 @@ K (and V) for all layers is ONE tensor [L, B, Hkv, S_max, D]; each layer's cache
 for all layers at once). `seq_lens [B]` (int64, on the cache's device) counts each row's
 committed tokens, so rows sit at different lengths without padding the KV.
 
-A forward writes its N new tokens at seq_lens[b] + i in every layer and leaves the lengths
-alone; then one of these says what stays:
-  commit(n)                  keep n tokens (all N by default; per row as a [B] tensor)
-  rollback(num_accepted)     chain verify: keep the root and the accepted drafts (O(1), no copy)
-  compact(accepted_nodes)    tree verify: move the accepted path's K/V into place, all layers at once
-None of these reads a value back to the host (no sync) except where noted. Rows are dropped or
-reordered with select_rows (HF's reorder_cache / batch_select_indices call it too).
-
-`backend` ("auto", "torch", "triton", "cuda") is the backend of every op the cache runs: the
-attention of forwards on it (ops.tree_attention, through its TreeStep) and kv_compact /
-kv_rollback, so `generate(backend=...)` reaches every op of a step, not only the verify ops.
+More on how it works: docs/internals.md, `specdec_kernels/hf/cache.py`.
 """
 
 import torch
@@ -23,7 +13,7 @@ from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .. import ops
-from ..ops import _validate as check
+from ..common import validate as check
 from .attention import TreeStep, tree_positions
 from .cache_keyword import MODEL_CACHE_KEYWORD
 

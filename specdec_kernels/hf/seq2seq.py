@@ -8,7 +8,7 @@ from torch import Tensor
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask
 
-from ..ops import _validate as check
+from ..common import validate as check
 from .adapter_base import ModelAdapter
 from .cache import SpecCache
 

@@ -8,20 +8,11 @@ assistant_confidence_threshold 0.4, look-behinds 10) into the call's config befo
 value of the call's config counts as asked for when generate() was passed it, when the target's own
 generation_config sets it, or when it differs from HF's default; the assistant's counts when it is set.
 
-    prompt_lookup_num_tokens=k        strategy "lookup", num_draft_tokens=k (the first match, as HF)
-    max_matching_ngram_size=n         lookup max_ngram=n (2 with prompt lookup when unset, as HF)
-    num_assistant_tokens=n            speculative num_draft_tokens, bild max_small_run, specdec block_size
-    num_assistant_tokens_schedule     "constant": nothing; "heuristic" / "heuristic_transient": speculative
-                                      schedule="heuristic" (+2 when every unfinished row accepted all drafts,
-                                      else -1, up to max_draft_tokens: our static shapes need a ceiling, HF has
-                                      none); "heuristic" also writes the final length back to the assistant's
-                                      generation_config.num_assistant_tokens, as HF does, so it persists
-    everything else (confidence threshold, look-behinds, early exit, ensemble weight): refused, but
-                                      assistant_confidence_threshold=0 (no confidence stop: our drafting)
+More on how it works: docs/internals.md, `specdec_kernels/hf_generate/assisted.py`.
 """
 
-HF_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
-               "assistant_confidence_threshold": 0.4, "assistant_lookbehind": 10, "target_lookbehind": 10}
+from .hf_private import assisted_defaults
+
 DRAFT_LENGTH = {"speculative": "num_draft_tokens", "bild": "max_small_run", "specdec": "block_size"}
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 REFUSED = {"assistant_confidence_threshold": "HF's confidence stop for the assistant (re-fitted online) is not "
@@ -33,13 +24,6 @@ REFUSED = {"assistant_confidence_threshold": "HF's confidence stop for the assis
 OFF = {"assistant_confidence_threshold": 0}
 
 
-def _defaults() -> dict:
-    from transformers import GenerationConfig
-
-    read = getattr(GenerationConfig, "_get_default_generation_params", None)
-    return {**HF_DEFAULTS, **{k: v for k, v in (read() if read else {}).items() if k in HF_DEFAULTS}}
-
-
 def asked(name: str, config, model, passed: dict):
     """The call's value of HF setting `name` if the user asked for it (see the module doc), else None."""
     value = getattr(config, name, None)
@@ -47,7 +31,7 @@ def asked(name: str, config, model, passed: dict):
         return None
     if name in passed or getattr(getattr(model, "generation_config", None), name, None) is not None:
         return value
-    return None if value == _defaults().get(name, object()) else value
+    return None if value == assisted_defaults().get(name, object()) else value
 
 
 class Assisted:

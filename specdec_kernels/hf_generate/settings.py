@@ -3,7 +3,7 @@ one-line error, or ignored on purpose (it cannot change the tokens). docs/hf.md 
 checks that it covers every public field of transformers' GenerationConfig and that the page lists each one.
 
 Refusals come in two kinds: settings HF turns into a logits processor or a stopping criterion are refused
-where that processor arrives (`_sampling`, `_stopping` in __init__.py, naming the processor); settings that
+where that processor arrives (`_sampling`, `_stopping` in hook.py, naming the processor); settings that
 reach the hook only as a field of the generation config are checked here (`refuse`), naming the setting.
 """
 

@@ -3,76 +3,13 @@
     from specdec_kernels.integrations.flashinfer import chain_speculative_sampling
     out, accepted, emitted = chain_speculative_sampling(draft_probs, draft_token_ids, target_probs)
 
-Nothing here imports FlashInfer. Two functions:
-
-- `chain_speculative_sampling` takes the arguments of `flashinfer.sampling.chain_speculative_sampling`
-  as FlashInfer defines it since its PR #912 of 2025-03 (checked against 0.6.x sources): probabilities in,
-  randomness from `generator` or from `seed` + `offset`, plus our `backend=` keyword.
-- `chain_speculative_sampling_legacy` takes the uniform-samples form that PR #912 replaced (still
-  the calling convention of some engines' ports of the kernel): `uniform_samples [B, g+1]` as the third
-  positional argument, read with FlashInfer's layout (column i is draft i's coin, the final token
-  is drawn with column min(pos + 1, g), pos being the first rejected position, g if none).
-
-Kept from FlashInfer: the argument names, order and defaults; the int32 output [B, g+1] padded
-with -1; `accepted_num` counting every draft whose own test u * q < p passes, also after the
-first rejection; `emitted_num` counting the emitted drafts (bonus excluded); both added in place
-into the caller's counters, which are returned; the randomness rule (seed and offset both given,
-both ints or both int64/uint64 1-D tensors of length 1 or B on the inputs' device, else the
-generator is used and a lone seed or offset is ignored); the acceptance test u * q < p (q = 0 < p
-accepts, p = 0 never does) and the draw from norm(max(0, p - q)) at the first rejection or from
-the bonus row. The distribution of every output is FlashInfer's.
-
-Differences that remain:
- 1. Random streams. The same seed/offset or generator state gives other draws than FlashInfer's
-    (same distribution, other values). With seed and offset ours are the counter-based
-    Philox-4x32-10 draws of `ops.rejection_sample`'s seeded mode (53-bit float64 uniforms in
-    [0, 1), identical on every backend); FlashInfer's are curand's Philox (seed, subsequence = row,
-    offset) with float32 uniforms in (0, 1]. Keying: with an int or length-1 seed and offset, row
-    b uses the per-request seed `seed ^ (b << 32)` at positions offset .. offset + g (row b equals
-    a batch of one seeded with that value); see 4 for length-B tensors and 3 for the generator.
- 2. `offset` counts modulo 2**32 (our position counter has 32 bits; FlashInfer's offset has 64):
-    offset and offset + 2**32 give the same draws. Advance it by at least g + 1 per call.
- 3. Generator mode (seed or offset None) draws `torch.rand(B, g + 1, dtype=float64)` from
-    `generator` (default: the inputs' device's default generator): coins of drafts 0..g-1, then
-    the final draw. FlashInfer instead reads and bumps the generator's (seed, offset) state on the
-    host; ours is one ordinary torch.rand call on the device (no host sync).
- 4. Length-B seed/offset tensors are honoured per row: row b draws with (seed[b], offset[b]) as
-    if sampled alone, whatever its position in the batch. FlashInfer 0.6.x's kernel reads element
-    0 of each tensor only.
- 5. Counters: an int32 or int64 counter is updated in place. FlashInfer converts counters with
-    `.int()`, so the += of an int64 counter lands in a temporary and the caller's tensor (which
-    it returns) stays unchanged.
- 6. The acceptance test u * q < p is evaluated in float64 (exactly for float32 uniforms, whose
-    product with a float32 probability fits 48 bits), where FlashInfer rounds u * q to float32,
-    so near a tie the two can decide differently; and u < 1 always, so a draft with p == q > 0
-    is always accepted (FlashInfer's curand_uniform can return 1.0 and reject it).
-    `uniform_samples` must lie in [0, 1): 1.0 or NaN raise on CPU tensors.
- 7. The residual (or bonus) draw is an inverse CDF over 2**-40 fixed-point weights, bit-identical
-    on every backend and batch layout; FlashInfer sums float32 values with a block scan. With the
-    same uniform the token differs only when u * Z falls within rounding distance of a CDF
-    boundary, or for residual entries below 2**-40, which count as zero.
- 8. An empty residual (an all-zero or NaN target row at the rejected position, or one whose
-    residual entries are all below 2**-40) draws from the target row itself with the same
-    uniform, and a row without any mass gives token 0: ids are always in [0, V). FlashInfer's
-    chain kernel then returns its `last_valid_id`, left uninitialised in 0.6.x (V - 1 in older
-    versions).
- 9. Draft ids outside [0, V), such as -1 padding, are rejected drafts and do not count in
-    `accepted_num`; on CPU tensors an id below -1 or >= V raises ValueError. FlashInfer reads
-    memory at those ids (its issue #879).
-10. `deterministic` changes nothing: every backend is deterministic (bit-identical from run to
-    run and across the torch, triton and cuda backends).
-11. Inputs: float16/bfloat16 probabilities are read natively, giving exactly what FlashInfer's
-    float32 upcast of the same tensors would give, without the copy; float64 (or two different
-    dtypes) are converted to float32 as FlashInfer does. Draft ids of any integer dtype, any
-    strides (a strided vocabulary dimension is copied), CPU tensors too (FlashInfer needs a GPU).
-    Bad shapes, dtypes or devices raise a one-line ValueError/TypeError naming the argument.
-12. Cost: `accepted_num` needs each position's test, which our op does not return: it is
-    recomputed beside the op from the same uniforms (two gathers per draft; in seeded mode also
-    the g Philox coins: a few hundred small elementwise torch ops on [B, g], cheap on a CPU,
-    launch-bound on a GPU outside a CUDA graph).
-
-Ragged rows (a different draft count per row) are not part of FlashInfer's interface: use
-`ops.rejection_sample(..., num_draft_tokens=)` directly.
+`chain_speculative_sampling` takes the arguments of `flashinfer.sampling.chain_speculative_sampling` (its
+form since FlashInfer's PR #912; `TRACKS`), `chain_speculative_sampling_legacy` the uniform-samples form it
+replaced. Kept from FlashInfer: argument names, order and defaults, the int32 output padded with -1, the
+in-place counters, the randomness rule and the distribution of every output. `accepted_num` counts each
+draft's own test (`common.draws.draft_passes`, the test the op accepts a prefix of) on the op's own
+uniforms. Nothing here imports FlashInfer. What still differs, random streams first:
+docs/flashinfer-sglang.md.
 """
 
 from typing import Optional, Union
@@ -81,11 +18,11 @@ import torch
 from torch import Tensor
 
 from .. import ops
-from ..ops import _validate as check
-from ..reference._sampling import gather_token_values
-from ..reference.chain_verify import Coins
+from ..common import validate as check
+from ..common.draws import ChainCoins, draft_passes
 
 OP = "chain_speculative_sampling"
+TRACKS = "flashinfer 0.6.x: flashinfer.sampling.chain_speculative_sampling"  # the upstream this adapter tracks
 BACKENDS = ("auto", "torch", "triton", "cuda")
 _PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what ops.rejection_sample reads as is
@@ -170,15 +107,6 @@ def _op_ids(draft_token_ids: Tensor) -> Tensor:
     return draft_token_ids if draft_token_ids.dtype in (torch.int64, torch.int32) else draft_token_ids.to(torch.int64)
 
 
-def _passes(draft_probs: Tensor, draft_token_ids: Tensor, target_probs: Tensor, coins: Tensor) -> Tensor:
-    """bool [B, g]: each draft's own test u_i * q_i(x_i) < p_i(x_i), exactly as ops.rejection_sample
-    evaluates it (float32 probabilities, float64 product); out-of-range ids never pass."""
-    ids = draft_token_ids.to(torch.int64)
-    p, in_range = gather_token_values(target_probs[:, :ids.shape[1]], ids)
-    q, _ = gather_token_values(draft_probs, ids)
-    return (coins.to(torch.float64) * q.double() < p.double()) & in_range
-
-
 def _to_int64_bits(x: Tensor) -> Tensor:
     return x.view(torch.int64) if x.dtype == torch.uint64 else x
 
@@ -232,73 +160,43 @@ def chain_speculative_sampling(
 ) -> tuple[Tensor, Tensor, Tensor]:
     r"""Speculative sampling of chain drafts with FlashInfer's interface, on `ops.rejection_sample`.
 
-    Each row holds g drafted tokens. Draft i is kept with probability min(1, p_i(x_i) / q_i(x_i))
-    while all earlier ones were kept; the first rejected position emits a token drawn from
-    norm(max(0, p_i - q_i)) instead, and a row that keeps all g drafts appends a bonus token
-    drawn from target_probs[:, g]. The module docstring lists what differs from FlashInfer.
+    Draft i is kept with probability min(1, p_i(x_i) / q_i(x_i)) while all earlier ones were kept; the
+    first rejected position emits a token drawn from norm(max(0, p_i - q_i)) instead, and a row that keeps
+    all g drafts appends a bonus token drawn from target_probs[:, g]. Shapes: B rows, g drafts, V tokens.
 
-    Parameters
-    ----------
-    draft_probs: torch.Tensor
-        The draft model's distributions, the ones the drafts were sampled from.
-        Shape: ``(batch_size, num_speculate_tokens, vocab_size)``; float32, float16, bfloat16
-        (read natively) or float64 (converted to float32).
-    draft_token_ids: torch.Tensor
-        The drafted token ids. Shape: ``(batch_size, num_speculate_tokens)``; int64, int32, int16,
-        int8 or uint8. An id outside ``[0, vocab_size)`` (e.g. -1) is a rejected draft.
-    target_probs: torch.Tensor
-        The target model's distributions at each draft position plus the bonus position.
-        Shape: ``(batch_size, num_speculate_tokens + 1, vocab_size)``; float dtype as above.
-    maybe_output_accepted_token_num: Optional[torch.Tensor]
-        Counter to which each row's number of drafts that pass their own test is added in
-        place, positions after the first rejection included (a measure of draft/target
-        agreement, not of output length). Shape: ``(batch_size,)``; int32 or int64.
-    maybe_output_emitted_draft_token_num: Optional[torch.Tensor]
-        Counter to which each row's number of emitted drafts (the bonus or correction token not
-        counted) is added in place. Shape: ``(batch_size,)``; int32 or int64.
-    deterministic: bool
-        Accepted for compatibility; every backend is deterministic.
-    generator: Optional[torch.Generator]
-        Source of the uniforms when ``seed`` or ``offset`` is None (default: the default
-        generator of the inputs' device); one ``torch.rand`` call of ``(batch_size,
-        num_speculate_tokens + 1)`` float64 values.
-    seed: Optional[Union[int, torch.Tensor]]
-        Philox key, used only together with ``offset``: an int in ``[-2**63, 2**64)``, or an
-        int64/uint64 tensor of shape ``(1,)`` or ``(batch_size,)`` on the inputs' device
-        (tensors need no host sync, as CUDA graphs require). Length ``batch_size``: one seed per row, each
-        row drawn as if alone.
-    offset: Optional[Union[int, torch.Tensor]]
-        Position of the first draw in the stream, counted modulo ``2**32``; same forms as
-        ``seed`` (an int in ``[0, 2**64)``). Advance it by at least ``num_speculate_tokens + 1``
-        between calls, or the same uniforms come back.
-    backend: str
-        ``"auto"`` (default), ``"torch"``, ``"triton"`` or ``"cuda"``: the backend of
-        `ops.rejection_sample`.
+    Args:
+        draft_probs: [B, g, V] float32, float16, bfloat16 (read natively) or float64 (converted to
+            float32): the draft distributions the drafts were sampled from.
+        draft_token_ids: [B, g] int64, int32, int16, int8 or uint8; an id outside [0, V) (e.g. -1) is
+            a rejected draft.
+        target_probs: [B, g + 1, V], float dtype as above: the target's distribution at each draft
+            position plus the bonus position.
+        maybe_output_accepted_token_num: [B] int32 or int64 counter to which each row's number of drafts
+            passing their own test is added in place, positions after the first rejection included
+            (draft/target agreement, not output length).
+        maybe_output_emitted_draft_token_num: [B] int32 or int64 counter to which each row's emitted
+            drafts (the final token not counted) are added in place.
+        deterministic: accepted for compatibility; every backend is deterministic.
+        generator: the uniforms' source when `seed` or `offset` is None (default: the inputs' device's
+            default generator): one `torch.rand` of [B, g + 1] float64.
+        seed: Philox key, used only together with `offset`: an int in [-2**63, 2**64), or an int64/uint64
+            tensor of shape [1] or [B] on the inputs' device (no host sync; length B: each row drawn as
+            if alone).
+        offset: the first draw's position, counted modulo 2**32; same forms as `seed` (an int in
+            [0, 2**64)). Advance it by at least g + 1 between calls, or the same uniforms come back.
+        backend: "auto", "torch", "triton" or "cuda": the backend of `ops.rejection_sample`.
 
-    Returns
-    -------
-    output_token_ids: torch.Tensor
-        The emitted drafts, then the correction or bonus token, then ``-1`` padding.
-        Shape: ``(batch_size, num_speculate_tokens + 1)``; int32.
-    output_accepted_token_num: torch.Tensor
-        ``maybe_output_accepted_token_num`` after the in-place update, or a new int32 tensor
-        with the counts. Shape: ``(batch_size,)``.
-    output_emitted_draft_token_num: torch.Tensor
-        ``maybe_output_emitted_draft_token_num`` after the in-place update, or a new int32
-        tensor; each row emitted this many drafts plus one token. Shape: ``(batch_size,)``.
+    Returns:
+        (output_token_ids [B, g + 1] int32: the emitted drafts, the correction or bonus token, then -1;
+        output_accepted_token_num [B]: the caller's counter after the update, or a new int32 tensor;
+        output_emitted_draft_token_num [B]: likewise; each row emitted this many drafts plus one token).
 
-    Examples
-    --------
-    >>> import torch
-    >>> from specdec_kernels.integrations.flashinfer import chain_speculative_sampling
-    >>> draft_probs = torch.tensor([[[0.1, 0.2, 0.3, 0.4], [0.2, 0.3, 0.4, 0.1]]])
-    >>> draft_token_ids = torch.tensor([[2, 1]], dtype=torch.int32)
-    >>> target_probs = torch.tensor([[[0.0, 0.1, 0.6, 0.3], [1.0, 0.0, 0.0, 0.0], [0.7, 0.1, 0.1, 0.1]]])
-    >>> out, accepted, emitted = chain_speculative_sampling(draft_probs, draft_token_ids, target_probs)
-    >>> out  # draft 2 always passes (p >= q), draft 1 never (p = 0); the residual is all on token 0
-    tensor([[ 2,  0, -1]], dtype=torch.int32)
-    >>> accepted, emitted
-    (tensor([1], dtype=torch.int32), tensor([1], dtype=torch.int32))
+    Example:
+        >>> draft_probs = torch.tensor([[[0.1, 0.2, 0.3, 0.4], [0.2, 0.3, 0.4, 0.1]]])
+        >>> target_probs = torch.tensor([[[0.0, 0.1, 0.6, 0.3], [1.0, 0.0, 0.0, 0.0], [0.7, 0.1, 0.1, 0.1]]])
+        >>> out, accepted, emitted = chain_speculative_sampling(draft_probs, torch.tensor([[2, 1]]), target_probs)
+        >>> out  # draft 2 always passes (p >= q), draft 1 never (p = 0); the residual is all on token 0
+        tensor([[ 2,  0, -1]], dtype=torch.int32)
     """
     counters = {"maybe_output_accepted_token_num": maybe_output_accepted_token_num,
                 "maybe_output_emitted_draft_token_num": maybe_output_emitted_draft_token_num}
@@ -318,8 +216,8 @@ def chain_speculative_sampling(
         out, num_accepted = ops.rejection_sample(p, q, ids, seed=seeds, offsets=offsets, backend=backend)
         # the op's own coins (the reference's counter layout for per-request seeds), every position,
         # also past the first rejection
-        coins = Coins(None, seeds, offsets, batch, g, device).accept
-    passes = _passes(q, ids, p, coins)
+        coins = ChainCoins(None, seeds, offsets, batch, g, device).accept
+    passes = draft_passes(p, q, ids, coins)
     return _finish(out, num_accepted, passes, maybe_output_accepted_token_num, maybe_output_emitted_draft_token_num)
 
 
@@ -336,44 +234,27 @@ def chain_speculative_sampling_legacy(
 ) -> tuple[Tensor, Tensor, Tensor]:
     r"""FlashInfer's earlier uniform-samples form of `chain_speculative_sampling` (before its PR #912).
 
-    Same computation as `chain_speculative_sampling` with the caller's uniforms, read with
-    FlashInfer's layout: draft i's coin is ``uniform_samples[:, i]`` (also for the
-    ``accepted`` count after the first rejection) and the correction or bonus token is drawn
-    with ``uniform_samples[:, min(pos + 1, num_speculate_tokens)]``, pos being the first
-    rejected position (``num_speculate_tokens`` when every draft passes). Given the same
-    uniforms, FlashInfer's kernel and this function accept the same drafts (up to FlashInfer's
-    float32 rounding of u * q) and draw the same token (up to rounding at a CDF boundary).
+    The same computation with the caller's uniforms, read with FlashInfer's layout: draft i's coin is
+    `uniform_samples[:, i]` (also for the accepted count after the first rejection) and the final token
+    is drawn with `uniform_samples[:, min(pos + 1, g)]`, pos being the first rejected position (g when
+    every draft passes). Given the same uniforms, FlashInfer's kernel and this function accept the same
+    drafts (up to FlashInfer's float32 rounding of u * q) and draw the same token (up to rounding at a
+    CDF boundary).
 
-    Parameters
-    ----------
-    draft_probs: torch.Tensor
-        Shape: ``(batch_size, num_speculate_tokens, vocab_size)``; float32, float16, bfloat16 or
-        float64.
-    draft_token_ids: torch.Tensor
-        Shape: ``(batch_size, num_speculate_tokens)``; int64, int32, int16, int8 or uint8.
-    uniform_samples: torch.Tensor
-        Uniforms in ``[0, 1)``. Shape: ``(batch_size, num_speculate_tokens + 1)``; float32 or
-        float64.
-    target_probs: torch.Tensor
-        Shape: ``(batch_size, num_speculate_tokens + 1, vocab_size)``; float dtype as above.
-    maybe_output_accepted_token_num: Optional[torch.Tensor]
-        In-place counter of drafts passing their own test (after the first rejection too).
-        Shape: ``(batch_size,)``; int32 or int64.
-    maybe_output_emitted_token_num: Optional[torch.Tensor]
-        In-place counter of emitted drafts. Shape: ``(batch_size,)``; int32 or int64.
-    deterministic: bool
-        Accepted for compatibility; every backend is deterministic.
-    backend: str
-        ``"auto"``, ``"torch"``, ``"triton"`` or ``"cuda"``.
+    Args:
+        draft_probs: [B, g, V] float32, float16, bfloat16 or float64.
+        draft_token_ids: [B, g] int64, int32, int16, int8 or uint8.
+        uniform_samples: [B, g + 1] float32 or float64 uniforms in [0, 1).
+        target_probs: [B, g + 1, V], float dtype as above.
+        maybe_output_accepted_token_num: [B] int32 or int64 in-place counter of drafts passing their own
+            test (after the first rejection too).
+        maybe_output_emitted_token_num: [B] int32 or int64 in-place counter of emitted drafts.
+        deterministic: accepted for compatibility; every backend is deterministic.
+        backend: "auto", "torch", "triton" or "cuda".
 
-    Returns
-    -------
-    output_token_ids: torch.Tensor
-        Shape: ``(batch_size, num_speculate_tokens + 1)``; int32, padded with ``-1``.
-    output_accepted_token_num: torch.Tensor
-        Shape: ``(batch_size,)``; the caller's counter, or a new int32 tensor.
-    output_emitted_token_num: torch.Tensor
-        Shape: ``(batch_size,)``; the caller's counter, or a new int32 tensor.
+    Returns:
+        (output_token_ids [B, g + 1] int32 padded with -1, output_accepted_token_num [B],
+        output_emitted_token_num [B]: the caller's counters, or new int32 tensors).
     """
     counters = {"maybe_output_accepted_token_num": maybe_output_accepted_token_num,
                 "maybe_output_emitted_token_num": maybe_output_emitted_token_num}
@@ -383,7 +264,7 @@ def chain_speculative_sampling_legacy(
     q, p = _op_probs(draft_probs, target_probs)
     ids = _op_ids(draft_token_ids)
     coins = uniform_samples[:, :g]
-    passes = _passes(q, ids, p, coins)
+    passes = draft_passes(p, q, ids, coins)
     first_rejection = torch.cumprod(passes.to(torch.int64), dim=1).sum(dim=1)  # == the op's num_accepted
     final_column = (first_rejection + 1).clamp(max=g).unsqueeze(1)
     uniforms = torch.cat([coins, uniform_samples.gather(1, final_column)], dim=1)

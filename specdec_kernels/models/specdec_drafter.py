@@ -10,17 +10,7 @@ Two forms, chosen by `config.encoder_layers`:
   request, and a shallow decoder over [decoder start ; committed ; MASK x k] with cross-attention
   (paper: 12 encoder + 2 decoder layers at base size).
 
-Attention pattern (both forms): causal over the prefix, and every mask query sees the whole prefix
-and every other mask (bidirectional inside the block). DEVIATION from the paper's code, whose
-decoder self-attention is fully bidirectional (prefix rows also see the masks, so it has no KV
-cache and re-encodes the whole prefix each step): here prefix rows never see the masks, so their
-K/V do not change and live in a DrafterCache; a step feeds only the tokens committed since the
-last step plus the k masks.
-
-Other choices: a dedicated mask id (`config.mask_token_id` = vocab_size, one extra embedding row;
-the official code reuses <unk>), learned absolute positions added once at the input (the official
-code adds them before every layer), pre-LayerNorm blocks, GELU, no GLAT soft-copy; the LM head
-projects only the k block rows and has exactly the target's vocabulary size.
+More on how it works: docs/internals.md, `specdec_kernels/models/specdec_drafter.py`.
 """
 
 from dataclasses import dataclass

@@ -12,8 +12,8 @@ from .. import triton as _triton_backends  # noqa: F401  (registers the Triton b
 from ..common.registry import BACKENDS, implemented_backends, registered_ops, resolve
 from .attention import tree_attention
 from .block_verification import block_verify, block_verify_logits
-from .chain_verify import (bild_verify, fallback_check, greedy_verify, max_prob, rejection_sample,
-                           rejection_sample_logits, relaxed_verify)
+from .logit_verify import bild_verify, fallback_check, greedy_verify, max_prob, relaxed_verify
+from .rejection_sampling import rejection_sample, rejection_sample_logits
 from .early_exit import early_exit_topk
 from .kv_cache import kv_compact, kv_rollback
 from .tree_verify import tree_greedy_verify, tree_rejection_sample

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from .. import reference
-from . import _validate as check
+from ..common import validate as check
 from ..common.registry import custom_op, implementation, register, resolve
 
 HALF_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

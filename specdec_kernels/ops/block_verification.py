@@ -5,29 +5,15 @@ accepted drafts in expectation: a draft that fails its own test can still be kep
 later draft's block test passes. Shapes, outputs and randomness are `rejection_sample`'s.
 """
 
-from typing import Optional
-
-import torch
 from torch import Tensor
 
 from .. import reference
-from . import _validate as check
-from .chain_verify import _chain_fake, _chain_sizes, _check_sampling
-from ..common.registry import custom_op, implementation, register, resolve
+from ..common.registry import register, resolve
+from ._chain import chain_sizes, logits_op_args, logits_sampling_op, probs_op_args, probs_sampling_op
 
 
-@custom_op("specdec::block_verify", mutates_args=())
-def _block_verify_op(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, uniforms: Optional[Tensor],
-                     seed: Optional[int], seeds: Optional[Tensor], offsets: Optional[Tensor],
-                     num_draft_tokens: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
-    return implementation("block_verify", backend)(
-        target_probs, draft_probs, draft_tokens, uniforms=uniforms, seed=seed if seeds is None else seeds,
-        offsets=offsets, num_draft_tokens=num_draft_tokens)
-
-
-@_block_verify_op.register_fake
-def _(target_probs, draft_probs, draft_tokens, uniforms, seed, seeds, offsets, num_draft_tokens, backend):
-    return _chain_fake(draft_tokens)
+_block_verify_op = probs_sampling_op("block_verify")
+_block_verify_logits_op = logits_sampling_op("block_verify_logits")
 
 
 def block_verify(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, *,
@@ -61,7 +47,7 @@ def block_verify(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor
             every coin at offsets[b] .. offsets[b] + g - 1, not only the accepted prefix's. In a
             loop with one seed, advance it by g + 1 after every call: a cursor that moves by the
             accepted count + 1 (sequence lengths) hands the next call coins this one already
-            examined, and the loop's output leaves the target's law (reference/rng.py).
+            examined, and the loop's output leaves the target's law (common/rng.py).
         num_draft_tokens: [B] int64/int32 in [0, g]: ragged rows (row b's last threshold is
             h_{n_b} = p_{n_b}, its bonus row target_probs[b, n_b]).
         backend: "auto" | "torch" | "triton" | "cuda".
@@ -70,27 +56,8 @@ def block_verify(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor
         output_tokens [B, g+1] int64 padded with -1, num_accepted [B] int64 (= tau).
     """
     op = "block_verify"
-    _check_sampling(op, target_probs, "target_probs", draft_probs, "draft_probs", draft_tokens, num_draft_tokens,
-                    uniforms, seed, offsets)
-    seed_int, seeds = check.split_seed(seed)
-    return _block_verify_op(target_probs, draft_probs, draft_tokens, uniforms, seed_int, seeds, offsets,
-                            num_draft_tokens, resolve(op, backend, draft_tokens.device, sizes=_chain_sizes(target_probs)))
-
-
-@custom_op("specdec::block_verify_logits", mutates_args=())
-def _block_verify_logits_op(target_logits: Tensor, draft_logits: Tensor, draft_tokens: Tensor, temperature: float,
-                            temperatures: Optional[Tensor], uniforms: Optional[Tensor], seed: Optional[int],
-                            seeds: Optional[Tensor], offsets: Optional[Tensor], num_draft_tokens: Optional[Tensor],
-                            backend: str) -> tuple[Tensor, Tensor]:
-    return implementation("block_verify_logits", backend)(
-        target_logits, draft_logits, draft_tokens, temperature=temperature if temperatures is None else temperatures,
-        uniforms=uniforms, seed=seed if seeds is None else seeds, offsets=offsets, num_draft_tokens=num_draft_tokens)
-
-
-@_block_verify_logits_op.register_fake
-def _(target_logits, draft_logits, draft_tokens, temperature, temperatures, uniforms, seed, seeds, offsets,
-      num_draft_tokens, backend):
-    return _chain_fake(draft_tokens)
+    op_args = probs_op_args(op, target_probs, draft_probs, draft_tokens, uniforms, seed, offsets, num_draft_tokens)
+    return _block_verify_op(*op_args, resolve(op, backend, draft_tokens.device, sizes=chain_sizes(target_probs)))
 
 
 def block_verify_logits(target_logits: Tensor, draft_logits: Tensor, draft_tokens: Tensor, *,
@@ -113,13 +80,10 @@ def block_verify_logits(target_logits: Tensor, draft_logits: Tensor, draft_token
         output_tokens [B, g+1] int64 padded with -1, num_accepted [B] int64.
     """
     op = "block_verify_logits"
-    batch, _, _ = _check_sampling(op, target_logits, "target_logits", draft_logits, "draft_logits", draft_tokens,
-                                  num_draft_tokens, uniforms, seed, offsets)
-    temperature, temperatures = check.temperature(op, temperature, batch=batch, device=draft_tokens.device)
-    seed_int, seeds = check.split_seed(seed)
-    return _block_verify_logits_op(target_logits, draft_logits, draft_tokens, temperature, temperatures, uniforms,
-                                   seed_int, seeds, offsets, num_draft_tokens,
-                                   resolve(op, backend, draft_tokens.device, sizes=_chain_sizes(target_logits)))
+    op_args = logits_op_args(op, target_logits, draft_logits, draft_tokens, temperature, uniforms, seed, offsets,
+                             num_draft_tokens)
+    backend = resolve(op, backend, draft_tokens.device, sizes=chain_sizes(target_logits))
+    return _block_verify_logits_op(*op_args, backend)
 
 
 register("block_verify", "torch", reference.block_verify)

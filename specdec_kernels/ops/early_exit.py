@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from .. import reference
-from . import _validate as check
+from ..common import validate as check
 from ..common.limits import FUSED_MAX_K
 from ..common.registry import custom_op, implementation, register, resolve
 

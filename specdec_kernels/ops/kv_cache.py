@@ -5,7 +5,7 @@ from torch import Tensor
 
 from .. import reference
 from . import _known_caches
-from . import _validate as check
+from ..common import validate as check
 from ..common.kv_layout import CheckedCaches, LayerStack
 from ..common.registry import custom_op, eager, implementation, register, resolve
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .. import reference
 from ..reference.tree_verify import SIBLINGS
-from . import _validate as check
+from ..common import validate as check
 from ..common.registry import custom_op, implementation, register, resolve
 
 
@@ -137,7 +137,7 @@ def tree_rejection_sample(target_probs: Tensor, draft_probs: Tensor, tree_tokens
             offsets[b] + d (extra word: the sibling rank).
         offsets: [B] int64/int32, each row's draw cursor (default 0): the call reads counters
             offsets[b] .. offsets[b] + max_depth. In a loop with one seed, advance it by at least
-            max_depth + 1 after every call, never by the accepted depth alone (reference/rng.py).
+            max_depth + 1 after every call, never by the accepted depth alone (common/rng.py).
         max_depth: int >= 0 (default: the tree depth).
         siblings: "independent" (default) | "without_replacement", how siblings were drawn.
 

@@ -7,10 +7,10 @@ caller supplies the randomness).
 
 from .attention import tree_attention
 from .block_verification import block_verify, block_verify_logits
-from .chain_verify import (bild_verify, fallback_check, greedy_verify, max_prob, rejection_sample,
-                           rejection_sample_logits, relaxed_verify)
+from .logit_verify import bild_verify, fallback_check, greedy_verify, max_prob, relaxed_verify
+from .rejection_sampling import rejection_sample, rejection_sample_logits
 from .early_exit import early_exit_topk
-from .kv import kv_compact, kv_rollback
+from .kv_cache import kv_compact, kv_rollback
 from .tree import ancestor_mask, chain_parents, max_tree_depth, tree_depths
 from .tree_verify import tree_greedy_verify, tree_rejection_sample
 

@@ -2,53 +2,16 @@
 
 Sun et al., "Block Verification Accelerates Speculative Decoding" (ICLR 2025, arXiv
 2403.10444), Algorithm 2. Same drafts, same target law as token-wise speculative sampling
-(`chain_verify.rejection_sample`), and at least as many accepted drafts in expectation.
+(`rejection_sampling.rejection_sample`), and at least as many accepted drafts in expectation.
 
-Paper notation -> tensors (paper indices are 1-based, tensor positions 0-based):
-  X_i (i = 1..g)          = draft_tokens[:, i-1]
-  Mb(. | c, X^j)          = target_probs[:, j]      (j = 0..g; j = g is the bonus row)
-  Ms(. | c, X^j)          = draft_probs[:, j]       (j = 0..g-1)
-  p_0 = 1,  p_i = min(1, p_{i-1} Mb(X_i | X^{i-1}) / Ms(X_i | X^{i-1}))          (i = 1..g)
-  Z(j)    = sum_x max(p_j Mb(x | X^j) - Ms(x | X^j), 0)     (the paper's residual mass after
-            the j-token prefix; the issue calls Z(i) "Z_{i+1}")
-  h_i     = Z(i) / (Z(i) + 1 - p_i) for i < g,   h_g = p_g
-  tau     = max{i in 1..g : eta_i < h_i}, 0 if there is none (a later position can
-            accept a longer prefix after an earlier eta_i failed)
-  output  = X_1..X_tau, then Y ~ Mb(. | X^g) if tau = g, else
-            Y ~ norm(max(p_tau Mb(. | X^tau) - Ms(. | X^tau), 0))   (tau = 0: p_0 = 1, the
-            token-wise residual at position 0).
-
-Randomness: eta_i is uniforms[:, i-1] (columns 0..g-1, the same columns rejection_sample
-uses for its coins) and Y uses uniforms[:, g]; in seeded mode eta_i = Philox(seed,
-offsets[b] + i - 1, row, SALT_ACCEPT) and Y = Philox(seed, offsets[b] + tau, row,
-SALT_FINAL), exactly the counters of rejection_sample.
-
-Arithmetic, fixed so that every backend can reproduce it bit for bit:
-  * p_i: float64 min(1, float64(p_{i-1}) * float64(p(X_i)) / float64(q(X_i))), NaN -> 0,
-    clamped to [0, 1], then rounded to float32 (p_i is stored as float32). So q == 0 < p
-    gives 1, p == 0 (or NaN) gives 0, and every later p_j is 0 too.
-  * residual weights: r(x) = float64(p_j) * float64(Mb(x)) - float64(Ms(x)) in float64 (the
-    product of two float32 values is exact in float64, so a fused multiply-add gives the same
-    bits), weight(x) = floor(clamp(r, 0, 1) * 2^40) as int64 (NaN -> 0, +inf -> 1).
-    Z(j) is the exact int64 sum of these weights times 2^-40, so no reduction order matters.
-  * h_i = Z / (Z + (1 - p_i)) in float64; a zero denominator (Z = 0 and p_i = 1) gives 1.
-    The acceptance test is strict, eta_i < h_i (the paper writes <=: the same law for a
-    continuous eta), so h = 0 never accepts and h = 1 always does for eta in [0, 1); it also
-    needs p_i > 0 (the same law: p_i = 0 gives h_i = 0), so a caller's coin outside [0, 1)
-    never keeps a slot past n_b or an invalid draft.
-  * Y: the inverse-CDF draw of `_sampling.sample_with_fallback` on those weights, falling
-    back to Mb(. | X^tau) when the residual is empty and to the row's lowest index when that
-    is empty too (NaN, inf or all-zero rows), so ids are always in [0, V).
-
-Ragged rows (`num_draft_tokens`): row b has n_b drafts; its last threshold is h_{n_b} =
-p_{n_b}, thresholds past n_b are 0, and its bonus row is target_probs[b, n_b]. An invalid
-draft id (-1 padding or outside [0, V)) gives p_i = 0, so no prefix containing it is kept.
+More on how it works: docs/internals.md, `specdec_kernels/reference/block_verification.py`.
 """
 
 import torch
 
-from ._sampling import WEIGHT_SCALE, as_int64, gather_token_values, sample_with_fallback, to_weights
-from .chain_verify import Coins, draft_mask, emit, row_at, tempered_softmax
+from ..common.sampling import WEIGHT_SCALE, as_int64, gather_token_values, sample_with_fallback, to_weights
+from ..common.draws import ChainCoins
+from ._chain import draft_mask, emit, on_logits, row_at
 
 # ---------------------------------------------------------------- the algorithm's pieces
 
@@ -129,7 +92,7 @@ def block_verify(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed
     device = draft_tokens.device
     exists = draft_mask(draft_tokens, num_draft_tokens)
     num_drafts = exists.sum(dim=1)
-    coins = Coins(uniforms, seed, offsets, batch, g, device)  # eta_i is coins.accept[:, i - 1]
+    coins = ChainCoins(uniforms, seed, offsets, batch, g, device)  # eta_i is coins.accept[:, i - 1]
 
     p_cum = prefix_ratios(target_probs, draft_probs, draft_tokens, exists)
     h = acceptance_thresholds(p_cum, residual_masses(p_cum, target_probs, draft_probs), num_drafts)
@@ -161,6 +124,5 @@ def block_verify_logits(target_logits, draft_logits, draft_tokens, *, temperatur
 
     temperature: a float, or a float32 tensor [B] of per-row temperatures.
     """
-    target_probs, draft_probs = tempered_softmax(target_logits, temperature), tempered_softmax(draft_logits, temperature)
-    return block_verify(target_probs, draft_probs, draft_tokens, uniforms=uniforms, seed=seed, offsets=offsets,
-                        num_draft_tokens=num_draft_tokens)
+    return on_logits(block_verify, target_logits, draft_logits, draft_tokens, temperature, uniforms=uniforms, seed=seed,
+                     offsets=offsets, num_draft_tokens=num_draft_tokens)

@@ -2,7 +2,7 @@
 
 import torch
 
-from ._sampling import nan_to_neg_inf
+from ..common.sampling import nan_to_neg_inf
 
 
 def normalize(hidden, weight, bias, *, eps: float, norm: str):

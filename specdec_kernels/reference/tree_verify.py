@@ -9,9 +9,9 @@ with one emitted token that is not a node of the tree.
 
 import torch
 
-from . import rng
-from ._sampling import as_int64, gather_token_values, safe_argmax, sample_with_fallback, to_weights
-from .chain_verify import seed_and_row_key
+from ..common import rng
+from ..common.draws import seed_and_row_key
+from ..common.sampling import as_int64, gather_token_values, safe_argmax, sample_with_fallback, to_weights
 from .tree import children_table
 
 SIBLINGS_INDEPENDENT = "independent"  # each child drawn from its own q_c (i.i.d. or one-hot siblings)
@@ -33,6 +33,20 @@ class _Walk:
         self.out_tokens = torch.full((batch, max_depth + 1), -1, dtype=torch.int64, device=device)
         self.accepted_nodes = self.out_tokens.clone()
         self.accepted_nodes[:, 0] = 0
+
+    def levels(self, max_depth: int):
+        """Depths 0..max_depth, while any row still walks (each step ends in `advance`)."""
+        for level in range(max_depth + 1):
+            if not bool(self.alive.any()):
+                return
+            yield level
+
+    def sibling(self, children: torch.Tensor, slot: int, accepted_child: torch.Tensor) -> tuple:
+        """(child, trying, safe_child) [B] at sibling `slot` of each row's current node: trying where
+        the row still walks, has accepted no child yet and the slot holds one; safe_child >= 0."""
+        child = children[self.rows, self.cur, slot]
+        trying = self.alive & (accepted_child < 0) & (child >= 0)
+        return child, trying, child.clamp(min=0)
 
     def advance(self, accepted_child: torch.Tensor, final_token: torch.Tensor) -> None:
         """Rows with accepted_child >= 0 move down; the other live rows emit final_token and stop."""
@@ -58,9 +72,7 @@ def tree_greedy_verify(target_logits, tree_tokens, parents, *, max_depth: int):
     top1 = safe_argmax(target_logits)  # [B, N]
     children = children_table(parents)  # [B, N, N-1]
     walk = _Walk(tree_tokens, max_depth)
-    for level in range(max_depth + 1):
-        if not bool(walk.alive.any()):
-            break
+    for level in walk.levels(max_depth):
         want = top1[walk.rows, walk.cur]
         kids = children[walk.rows, walk.cur]  # [B, N-1]
         matches = (kids >= 0) & (tree_tokens.gather(1, kids.clamp(min=0)) == want.unsqueeze(1))
@@ -131,20 +143,16 @@ def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, ma
                                     uniforms=uniforms, seed=seed, offsets=offsets)
     tree_tokens, children, walk, coins = _start_sampling(tree_tokens, parents, max_depth, uniforms, seed, offsets)
     batch, device = tree_tokens.shape[0], tree_tokens.device
-    for level in range(max_depth + 1):
-        if not bool(walk.alive.any()):
-            break
+    for level in walk.levels(max_depth):
         rows, cur = walk.rows, walk.cur
         p = target_probs[rows, cur].float()  # [B, V]
         weights = to_weights(p)  # meaningful only where rejected_any
         rejected_any = torch.zeros(batch, dtype=torch.bool, device=device)
         accepted_child = torch.full((batch,), -1, dtype=torch.int64, device=device)
-        for rank in range(children.shape[2] if level < max_depth else 0):
-            child = children[rows, cur, rank]
-            trying = walk.alive & (accepted_child < 0) & (child >= 0)
+        for rank in range(children.shape[2] if level < max_depth else 0):  # no children past max_depth
+            child, trying, safe_child = walk.sibling(children, rank, accepted_child)
             if not bool(trying.any()):
                 break
-            safe_child = child.clamp(min=0)
             q = draft_probs[rows, safe_child].float()
             x = tree_tokens[rows, safe_child]
             u = coins.accept(rows, safe_child, level, rank)
@@ -192,9 +200,7 @@ def _without_replacement(target_probs, draft_probs, tree_tokens, parents, *, max
     """
     tree_tokens, children, walk, coins = _start_sampling(tree_tokens, parents, max_depth, uniforms, seed, offsets)
     batch, device = tree_tokens.shape[0], tree_tokens.device
-    for level in range(max_depth + 1):
-        if not bool(walk.alive.any()):
-            break
+    for level in walk.levels(max_depth):
         rows, cur = walk.rows, walk.cur
         p = target_probs[rows, cur].float()  # [B, V]
         q = draft_probs[rows, cur].float()
@@ -207,11 +213,9 @@ def _without_replacement(target_probs, draft_probs, tree_tokens, parents, *, max
         rank = torch.zeros(batch, dtype=torch.int64, device=device)
         accepted_child = torch.full((batch,), -1, dtype=torch.int64, device=device)
         for slot in range(children.shape[2] if level < max_depth else 0):
-            child = children[rows, cur, slot]
-            trying = walk.alive & (accepted_child < 0) & (child >= 0)
+            child, trying, safe_child = walk.sibling(children, slot, accepted_child)
             if not bool(trying.any()):
                 break
-            safe_child = child.clamp(min=0)
             x = tree_tokens[rows, safe_child]
             in_range = (x >= 0) & (x < vocab)
             safe_x = x.clamp(0, vocab - 1).unsqueeze(1)

@@ -8,23 +8,7 @@ inputs, and decodes with the embedded default models through every strategy, wit
 without CUDA graphs, asking for the target's own greedy tokens. Prints a pass/fail matrix
 (ops x backends) with the device, driver and versions, then every failure in detail.
 
-Each check compares a backend with `backend="torch"` (the reference) on the same inputs:
-token outputs bit for bit (sampling with caller-supplied uniforms or a seed); attention and
-probabilities within per-dtype tolerances; the two ops whose decisions depend on a
-logsumexp (bild_verify, rejection_sample_logits) exactly away from a 1e-4..1e-3 band
-around each decision boundary (the contract in docs/ops.md, "Numerics").
-
-Exit status: 0 when nothing failed (skips allowed), 1 when a check failed, 2 without a
-CUDA GPU (or on a usage error).
-
-    specdec-kernels selftest                   # everything
-    specdec-kernels selftest --quick --json selftest.json    # small shapes, at most tiers.SELFTEST_QUICK cases per op
-    specdec-kernels selftest --ops tree_attention,greedy_verify --backends triton
-    specdec-kernels selftest --quick --ops block_verify,engine --control-ops kv_compact   # in this order; kv_compact
-                                                             # at a control sample (bench/gpu_first_look.sh's use)
-
-`--device cpu` tests the selftest itself (CI): the same matrix at tiny shapes, the Triton
-kernels under TRITON_INTERPRET=1 (set by re-running the command), no CUDA graphs.
+More on how it works: docs/internals.md, `specdec_kernels/selftest/__init__.py`.
 """
 
 import argparse

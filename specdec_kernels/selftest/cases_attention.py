@@ -10,12 +10,14 @@ interpreter's few keys still span several tiles, M blocks and splits; every othe
 every case at "quick" / "full") runs the op with its own choices."""
 
 import math
+from functools import partial
 
 import torch
 
 from .compare import close, expect, with_checks
-from .inputs import _gen, random_parents
-from .model import DTYPES, Case
+from .inputs import seeded_generator, random_parents
+from .model import DTYPES, Case, Row
+from .tiles import run_with_tiles
 
 
 # (out atol = rtol, lse atol) per dtype: the looser of the two backends' GPU-test tolerances
@@ -51,22 +53,52 @@ def attention_shapes(profile):
     return small + production
 
 
+# the crafted cases per profile (every size choice in one place). forced_tiles: the Triton launcher
+# gets the case's tiles; minus_one: table entries past a row's last page are -1 (else NaN pages);
+# split_counts, block_ms: the forced split counts and M blocks; gpu_matrix: (head dims, (Hq, Hkv),
+# (N, prefixes)) of the CUDA test's matrix; gpu_rows: the other large cases; paged_matrix: (page
+# size, layouts); long_prefixes: the 4K-32K prefix cases
+_FULL_MATRIX = dict(d=(64, 128), heads=((32, 8), (8, 8), (28, 4)), nodes=((8, [0, 777, 2048]), (32, [1500, 3, 64])))
+EDGE_TIERS = {"tiny": dict(forced_tiles=True, minus_one=True, split_counts=(1, 2, 5, 12), block_ms=(16, 32),
+                           gpu_matrix=None, gpu_rows=False, paged_matrix=(), long_prefixes=False),
+              "quick": dict(forced_tiles=False, minus_one=False, split_counts=(), block_ms=(),
+                            gpu_matrix=dict(d=(128,), heads=((28, 4),), nodes=_FULL_MATRIX["nodes"][:1]),
+                            gpu_rows=True, paged_matrix=((16, ("paged",)), (48, ("hnd",))), long_prefixes=False),
+              "full": dict(forced_tiles=False, minus_one=False, split_counts=(), block_ms=(), gpu_matrix=_FULL_MATRIX,
+                           gpu_rows=True, paged_matrix=tuple((page_size, ("paged", "hnd"))
+                                                             for page_size in (1, 16, 64, 48)),
+                           long_prefixes=True)}
+
+
 def run_attention(x, backend):
-    """The op; the Triton launcher with the case's tiles when it carries `triton_overrides`."""
-    from .. import ops
+    return run_with_tiles("tree_attention", "attention", x, backend, _attention_with_tiles)
 
-    x = dict(x)
-    overrides = x.pop("triton_overrides", None)
-    if overrides is not None and backend == "triton":
-        from ..common.registry import implementation
-        from ..triton import tree_attention as triton_module
 
-        if implementation("tree_attention", "triton") is not triton_module.tree_attention:
-            return ops.tree_attention(**x, backend=backend)  # the registered backend was replaced (a mutation test)
-        scale = x.get("sm_scale") or 1.0 / math.sqrt(x["q"].shape[-1])
-        return triton_module.tree_attention(x["q"], x["k_cache"], x["v_cache"], x["seq_lens"], x.get("parents"),
-                                            x.get("block_table"), sm_scale=scale, **overrides)
-    return ops.tree_attention(**x, backend=backend)
+def _attention_with_tiles(launcher, x, tiles):
+    scale = x.get("sm_scale") or 1.0 / math.sqrt(x["q"].shape[-1])
+    return launcher(x["q"], x["k_cache"], x["v_cache"], x["seq_lens"], x.get("parents"), x.get("block_table"),
+                    sm_scale=scale, **tiles)
+
+
+def random_attention(seed, *, device, prefixes, n, hq, hkv, d, dtype, tree, page_size):
+    """Random q, K, V (rows in a random order of `prefixes`), paged in a random page order when page_size."""
+    from ..reference.attention import paged_from_contiguous
+
+    gen = seeded_generator(device, seed)
+    batch = len(prefixes)
+    s_max = max(prefixes) + n
+    order = torch.randperm(batch, generator=torch.Generator().manual_seed(seed)).tolist()
+    seq_lens = torch.tensor([prefixes[i] for i in order], dtype=torch.int64, device=device)
+    q = torch.randn(batch, n, hq, d, generator=gen, device=device).to(dtype)
+    k = torch.randn(batch, hkv, s_max, d, generator=gen, device=device).to(dtype)
+    v = torch.randn(batch, hkv, s_max, d, generator=gen, device=device).to(dtype)
+    block_table = None
+    if page_size is not None:
+        k, block_table = paged_from_contiguous(k, page_size, generator=torch.Generator().manual_seed(seed),
+                                               spare_pages=7)
+        v, _ = paged_from_contiguous(v, page_size, generator=torch.Generator().manual_seed(seed), spare_pages=7)
+    parents = random_parents(batch, n, seed).to(device) if tree else None
+    return dict(q=q, k_cache=k, v_cache=v, seq_lens=seq_lens, parents=parents, block_table=block_table)
 
 
 def poisoned_inputs(prefixes, n, hq, hkv, d, dtype, device, *, seed=0, layout="contiguous", page_size=4, tree=True,
@@ -77,7 +109,7 @@ def poisoned_inputs(prefixes, n, hq, hkv, d, dtype, device, *, seed=0, layout="c
     layout "hnd": a [P, Hkv, ps, D] pool passed as .transpose(1, 2)."""
     from ..reference.attention import paged_from_contiguous
 
-    gen = _gen(device, seed)
+    gen = seeded_generator(device, seed)
     batch = len(prefixes)
     seq_lens = torch.tensor(prefixes, dtype=torch.int64, device=device)
     s_max = max(prefixes) + n + spare
@@ -128,130 +160,49 @@ def tree_matters(dtype, profile):
     return expect("the tree's answer far from the chain's", check)
 
 
-def _edge_cases(profile, device):
-    """(name, dtype, build(seed), compare) of the crafted cases at this profile's size."""
-    tiny = profile == "tiny"
-    cases = []
+# ------------------------------------------------------------------ the crafted inputs
 
-    def add(name, dtype, overrides=None, checks=(), sm_scale=None, **kw):
-        def build(seed):
-            x = poisoned_inputs(dtype=dtype, device=device, minus_one=tiny,
-                                **dict(kw, seed=kw.get("seed", 0) + seed))
-            if sm_scale is not None:
-                x["sm_scale"] = sm_scale
-            if tiny and overrides is not None:
-                x["triton_overrides"] = overrides
-            return x
+def poisoned(seed, *, device, dtype, minus_one, overrides=None, sm_scale=None, base_seed=0, **shape):
+    """poisoned_inputs at seed base_seed + seed, with the case's sm_scale and Triton tiles."""
+    x = poisoned_inputs(dtype=dtype, device=device, minus_one=minus_one, seed=base_seed + seed, **shape)
+    if sm_scale is not None:
+        x["sm_scale"] = sm_scale
+    if overrides is not None:
+        x["triton_overrides"] = overrides
+    return x
 
-        compare = attention_compare(dtype, profile)
-        cases.append((name, dtype, build, with_checks(compare, *checks) if checks else compare))
 
-    split = dict(num_splits=3, block_n=16)
-    two = dict(num_splits=2, block_n=16)
-    # the interpreter's cases: cheap at every tier (their forced tiles apply at "tiny" only)
-    # every dtype, layout and mask kind, each with the others (not the full product: the interpreter is slow)
-    combos = [(torch.float32, "contiguous", False), (torch.float32, "contiguous", True),
-              (torch.float16, "contiguous", True), (torch.bfloat16, "contiguous", False),
-              (torch.float32, "paged", False), (torch.float16, "paged", True), (torch.bfloat16, "paged", True),
-              (torch.bfloat16, "hnd", True), (torch.float32, "hnd", False)]
-    for dtype, layout, tree in combos:
-        add(f"B=3 ragged N=7 {'tree' if tree else 'chain'} {layout} NaN past each row" + (", 3 splits" if tiny else ""),
-            dtype, split,
-            prefixes=[0, 21, 70], n=7, hq=4, hkv=2, d=16, layout=layout, tree=tree, spare=5)
-    for hq, hkv in ((1, 1), (4, 4), (8, 1), (6, 2)):
-        add(f"GQA Hq={hq} Hkv={hkv}", torch.float32, two, prefixes=[9, 33], n=5, hq=hq, hkv=hkv, d=16,
-            seed=hq * 10 + hkv)
-    # 12 splits of at most 6 tiles leave splits empty: the merge ignores them
-    for splits in ((1, 2, 5, 12) if tiny else ()):
-        add(f"{splits} splits", torch.float32, dict(num_splits=splits, block_n=16), prefixes=[0, 17, 90], n=5,
-            hq=4, hkv=2, d=16, seed=3)
-    for block_m in ((16, 32) if tiny else ()):  # N * group = 36 packed rows: 3 (or 2) programs per KV head
-        add(f"block_m={block_m}, 36 packed rows", torch.float16, dict(num_splits=2, block_m=block_m, block_n=16),
-            prefixes=[4, 50], n=9, hq=8, hkv=2, d=16, seed=4)
-    for d in (8, 24, 64):  # below the 16-wide dot minimum, and a non-power of two: padded and masked
-        add(f"D={d}", torch.float32, two, prefixes=[6, 30], n=4, hq=4, hkv=2, d=d, seed=d)
-    for page_size in (1, 3, 16, 32):  # smaller than, not dividing, equal to and larger than a tile
-        add(f"page size {page_size}", torch.bfloat16, two, prefixes=[5, 47, 0], n=6, hq=4, hkv=2, d=16,
-            layout="paged", page_size=page_size, seed=page_size)
-    for n in (1, 2, 17, 33):  # from the root alone to more nodes than one 32-bit word of ancestor bits
-        add(f"N={n}", torch.float32, two, prefixes=[11, 0], n=n, hq=2, hkv=1, d=16, seed=n)
-    add("unused slots see the prefix and themselves", torch.float32, two, prefixes=[12, 3], n=6, hq=2, hkv=1,
-        d=16, seed=2, parents=[[-1, 0, -1, 1, -1, 3], [-1, -1, -1, -1, -1, -1]])
-    add("a row filling the cache, an empty prefix (the op's own plan)", torch.bfloat16, None,
-        prefixes=[0, 13, 45], n=4, hq=4, hkv=2, d=16, seed=6)
-    add("sm_scale=0.05", torch.float32, two, prefixes=[10, 20], n=4, hq=2, hkv=1, d=16, seed=12, sm_scale=0.05,
-        checks=(expect("sm_scale to change lse", _scale_matters),))
-    cases.append(("strided q and caches (only the last dim contiguous)", torch.float32,
-                  _strided_build(device, 16, two if tiny else None), attention_compare(torch.float32, profile)))
-    if not tiny:
-        # the CUDA GPU test's matrix: heads, head dims, dtypes, chain / tree, boosted draft keys
-        for dtype in DTYPES:
-            for d in (64, 128):
-                for hq, hkv in ((32, 8), (8, 8), (28, 4)):
-                    for tree in (False, True):
-                        for n, prefixes in ((8, [0, 777, 2048]), (32, [1500, 3, 64])):
-                            if profile == "quick" and not (d == 128 and hq == 28 and n == 8):
-                                continue
-                            add(f"Hq={hq} Hkv={hkv} D={d} N={n} {'tree' if tree else 'chain'} boosted draft keys, "
-                                "NaN past each row", dtype, None, prefixes=prefixes, n=n, hq=hq, hkv=hkv, d=d,
-                                tree=tree, spare=37, boost=3.0, seed=n + d,
-                                checks=(tree_matters(dtype, profile),) if tree else ())
-        add("a row filling the cache, empty prefixes, int32 lengths", torch.float16, None,
-            prefixes=[0, 3000 - 24, 0, 3000 - 25], n=24, hq=8, hkv=8, d=64, seed=11, index_dtype=torch.int32)
-        for dtype, d in ((torch.float16, 80), (torch.bfloat16, 256), (torch.float16, 32), (torch.float32, 256)):
-            add(f"D={d} (no tensor-core kernel)", dtype, None, prefixes=[700, 5], n=10, hq=8, hkv=2, d=d, seed=d)
-        add("N=130, sm_scale=0.05", torch.bfloat16, None, prefixes=[333, 2100], n=130, hq=2, hkv=2, d=128, seed=130,
-            sm_scale=0.05)
-        add("N=130 chain, sm_scale=0.2", torch.bfloat16, None, prefixes=[333, 2100], n=130, hq=2, hkv=2, d=128,
-            seed=130, tree=False, sm_scale=0.2)
-        for hq, hkv in ((32, 32), (32, 4), (8, 1)):
-            add(f"GQA Hq={hq} Hkv={hkv} sm_scale=0.5/sqrt(D)", torch.bfloat16, None, prefixes=[700, 1300], n=24,
-                hq=hq, hkv=hkv, d=128, seed=hq + hkv, sm_scale=0.5 / math.sqrt(128))
-        for dtype in (torch.bfloat16, torch.float32):
-            for page_size in (1, 16, 64, 48):
-                for index_dtype in (torch.int32, torch.int64):
-                    for layout in ("paged", "hnd"):
-                        if profile == "quick" and (page_size, layout) not in ((16, "paged"), (48, "hnd")):
-                            continue
-                        add(f"{layout} page size {page_size} {str(index_dtype)[6:]} indices, NaN pages", dtype, None,
-                            prefixes=[0, 1000, 2500, 63], n=16, hq=32, hkv=8, d=128, layout=layout,
-                            page_size=page_size, index_dtype=index_dtype, seed=page_size)
-        cases.append(("strided q, NHD caches, strided int32 lengths and parents", torch.bfloat16,
-                      _strided_build(device, 128, None, nhd=True), attention_compare(torch.bfloat16, profile)))
-        if profile == "full":
-            for batch in (1, 3, 8):  # draft sizes and batches at ragged 4K prefixes
-                for n in (1, 8, 32, 64):
-                    for tree in (True, False):
-                        add(f"B={batch} N={n} ragged 4K {'tree' if tree else 'chain'}", torch.bfloat16, None,
-                            prefixes=[4096 - 97 * b for b in range(batch)], n=n, hq=32, hkv=8, d=128, tree=tree,
-                            spare=37, boost=3.0, seed=n * batch)
-            for dtype in (torch.bfloat16, torch.float16):  # many prefix splits per row and the LSE merge
-                for batch in (1, 8):
-                    for n in (8, 64):
-                        for ragged in (False, True):
-                            cpu = torch.Generator().manual_seed(batch * n)
-                            prefixes = [int(torch.randint(16384, 32769, (1,), generator=cpu)) if ragged else 32768
-                                        for _ in range(batch)]
-                            add(f"B={batch} N={n} {'ragged' if ragged else 'uniform'} 32K prefixes", dtype, None,
-                                prefixes=prefixes, n=n, hq=32, hkv=8, d=128, seed=batch + n, boost=3.0)
-            for page_size in (None, 1, 16, 64):  # one long row: split KV
-                add(f"B=1 32K prefix {'contiguous' if page_size is None else f'paged{page_size}'}", torch.bfloat16,
-                    None, prefixes=[32768], n=32, hq=32, hkv=8, d=128, seed=3,
-                    layout="contiguous" if page_size is None else "paged", page_size=page_size or 16)
-            add("paged16 rows of 32K and 20K", torch.bfloat16, None, prefixes=[32768 - 5, 20000], n=32, hq=32, hkv=8,
-                d=128, seed=7, layout="paged", page_size=16)
-    # B = 0 only: at N = 0 the torch reference's CPU path dies with SIGFPE (reference/attention.py
-    # _rows_attention_flash_cpu), which would take the whole selftest (or a mutation test that wraps the
-    # reference) down; tests/test_triton_tree_attention.py checks N = 0 on its own
-    for batch, n in ((0, 3),):
-        def empty(seed, batch=batch, n=n):
-            q = torch.randn(batch, n, 2, 16, device=device)
-            cache = torch.randn(batch, 1, 8, 16, device=device)
-            return dict(q=q, k_cache=cache, v_cache=cache.clone(), seq_lens=torch.zeros(batch, dtype=torch.int64,
-                                                                                         device=device))
+def strided_views(seed, *, device, d, overrides, nhd=False):
+    """q and the caches as views with padded strides (only the last dim contiguous); on a GPU also
+    K/V as a [B, S, Hkv, D] buffer seen through transpose(1, 2) and strided int32 lengths / parents."""
+    prefixes = [8, 26] if d == 16 else [10, 600, 1234]
+    n, hq, hkv = (5, 4, 2) if d == 16 else (12, 32, 8)
+    x = poisoned_inputs(prefixes, n, hq, hkv, d, torch.float32 if d == 16 else torch.bfloat16, device, seed=8 + seed)
+    q, k, v = x["q"], x["k_cache"], x["v_cache"]
+    wide = torch.full(q.shape[:-1] + (2 * d,), math.nan, dtype=q.dtype, device=device)
+    wide[..., :d] = q
+    x["q"] = wide[..., :d]
+    if nhd:
+        x["k_cache"] = k.transpose(1, 2).contiguous().transpose(1, 2)
+        x["v_cache"] = v.transpose(1, 2).contiguous().transpose(1, 2)
+        x["seq_lens"] = torch.stack([x["seq_lens"].int(), x["seq_lens"].int()], 1)[:, 0]
+        x["parents"] = torch.stack([x["parents"], x["parents"]], 2)[..., 1]
+    else:
+        for name, cache in (("k_cache", k), ("v_cache", v)):
+            big = torch.full((cache.shape[0], cache.shape[1] + 1, cache.shape[2] + 14, d), math.nan,
+                             dtype=cache.dtype, device=device)
+            big[:, 1:, :cache.shape[2]] = cache
+            x[name] = big[:, 1:, :cache.shape[2]]
+    if overrides is not None:
+        x["triton_overrides"] = overrides
+    return x
 
-        cases.append((f"B={batch} N={n} (empty)", torch.float32, empty, attention_compare(torch.float32, profile)))
-    return cases
+
+def empty_batch(seed, *, device, batch, n):
+    q = torch.randn(batch, n, 2, 16, device=device)
+    cache = torch.randn(batch, 1, 8, 16, device=device)
+    return dict(q=q, k_cache=cache, v_cache=cache.clone(), seq_lens=torch.zeros(batch, dtype=torch.int64,
+                                                                                 device=device))
 
 
 def _scale_matters(got, x):
@@ -261,65 +212,151 @@ def _scale_matters(got, x):
     return not torch.allclose(got[1], ops.tree_attention(**plain, backend="torch")[1])
 
 
-def _strided_build(device, d, overrides, nhd=False):
-    """q and the caches as views with padded strides (only the last dim contiguous); on a GPU also
-    K/V as a [B, S, Hkv, D] buffer seen through transpose(1, 2) and strided int32 lengths / parents."""
-    def build(seed):
-        prefixes = [8, 26] if d == 16 else [10, 600, 1234]
-        n, hq, hkv = (5, 4, 2) if d == 16 else (12, 32, 8)
-        x = poisoned_inputs(prefixes, n, hq, hkv, d, torch.float32 if d == 16 else torch.bfloat16, device,
-                            seed=8 + seed)
-        q, k, v = x["q"], x["k_cache"], x["v_cache"]
-        wide = torch.full(q.shape[:-1] + (2 * d,), math.nan, dtype=q.dtype, device=device)
-        wide[..., :d] = q
-        x["q"] = wide[..., :d]
-        if nhd:
-            x["k_cache"] = k.transpose(1, 2).contiguous().transpose(1, 2)
-            x["v_cache"] = v.transpose(1, 2).contiguous().transpose(1, 2)
-            x["seq_lens"] = torch.stack([x["seq_lens"].int(), x["seq_lens"].int()], 1)[:, 0]
-            x["parents"] = torch.stack([x["parents"], x["parents"]], 2)[..., 1]
-        else:
-            for name, cache in (("k_cache", k), ("v_cache", v)):
-                big = torch.full((cache.shape[0], cache.shape[1] + 1, cache.shape[2] + 14, d), math.nan,
-                                 dtype=cache.dtype, device=device)
-                big[:, 1:, :cache.shape[2]] = cache
-                x[name] = big[:, 1:, :cache.shape[2]]
-        if overrides is not None:
-            x["triton_overrides"] = overrides
-        return x
-    return build
+# ------------------------------------------------------------------ the case table
+
+def _shape_rows(profile):
+    rows = []
+    for index, (prefixes, n, hq, hkv, d, dtypes, tree, page_size) in enumerate(attention_shapes(profile)):
+        layout = "contiguous" if page_size is None else f"paged{page_size}"
+        name = (f"B={len(prefixes)} P<={max(prefixes)} N={n} Hq={hq} Hkv={hkv} D={d} "
+                f"{'tree' if tree else 'chain'} {layout}")
+        rows += [Row(name, dtype, random_attention, dict(prefixes=prefixes, n=n, hq=hq, hkv=hkv, d=d, dtype=dtype,
+                                                          tree=tree, page_size=page_size),
+                     attention_compare(dtype, profile), graph=index in (0, 1) and dtype == dtypes[-1])
+                 for dtype in dtypes]
+    return rows
+
+
+def _poisoned_row(profile, name, dtype, overrides=None, checks=(), **settings):
+    """A case of poisoned inputs; `overrides` (the Triton tiles) apply where the tier forces tiles."""
+    tier = EDGE_TIERS[profile]
+    compare = attention_compare(dtype, profile)
+    return Row(name, dtype, poisoned, dict(settings, dtype=dtype, minus_one=tier["minus_one"],
+                                           overrides=overrides if tier["forced_tiles"] else None),
+               with_checks(compare, *checks) if checks else compare)
+
+
+# the interpreter's cases: every dtype, layout and mask kind, each with the others (not the full
+# product: the interpreter is slow); (dtype, layout, tree)
+_MASK_COMBOS = ((torch.float32, "contiguous", False), (torch.float32, "contiguous", True),
+                (torch.float16, "contiguous", True), (torch.bfloat16, "contiguous", False),
+                (torch.float32, "paged", False), (torch.float16, "paged", True), (torch.bfloat16, "paged", True),
+                (torch.bfloat16, "hnd", True), (torch.float32, "hnd", False))
+_SPLIT, _TWO = dict(num_splits=3, block_n=16), dict(num_splits=2, block_n=16)
+
+
+def _interpreter_rows(profile):
+    """Cheap at every tier (their forced tiles apply at "tiny" only)."""
+    tier, row = EDGE_TIERS[profile], partial(_poisoned_row, profile)
+    splits = ", 3 splits" if tier["forced_tiles"] else ""
+    rows = [row(f"B=3 ragged N=7 {'tree' if tree else 'chain'} {layout} NaN past each row{splits}", dtype, _SPLIT,
+                prefixes=[0, 21, 70], n=7, hq=4, hkv=2, d=16, layout=layout, tree=tree, spare=5)
+            for dtype, layout, tree in _MASK_COMBOS]
+    rows += [row(f"GQA Hq={hq} Hkv={hkv}", torch.float32, _TWO, prefixes=[9, 33], n=5, hq=hq, hkv=hkv, d=16,
+                 base_seed=hq * 10 + hkv) for hq, hkv in ((1, 1), (4, 4), (8, 1), (6, 2))]
+    # 12 splits of at most 6 tiles leave splits empty: the merge ignores them
+    rows += [row(f"{splits} splits", torch.float32, dict(num_splits=splits, block_n=16), prefixes=[0, 17, 90], n=5,
+                 hq=4, hkv=2, d=16, base_seed=3) for splits in tier["split_counts"]]
+    # N * group = 36 packed rows: 3 (or 2) programs per KV head
+    rows += [row(f"block_m={block_m}, 36 packed rows", torch.float16, dict(num_splits=2, block_m=block_m, block_n=16),
+                 prefixes=[4, 50], n=9, hq=8, hkv=2, d=16, base_seed=4) for block_m in tier["block_ms"]]
+    # below the 16-wide dot minimum, and a non-power of two: padded and masked
+    rows += [row(f"D={d}", torch.float32, _TWO, prefixes=[6, 30], n=4, hq=4, hkv=2, d=d, base_seed=d)
+             for d in (8, 24, 64)]
+    # smaller than, not dividing, equal to and larger than a tile
+    rows += [row(f"page size {page_size}", torch.bfloat16, _TWO, prefixes=[5, 47, 0], n=6, hq=4, hkv=2, d=16,
+                 layout="paged", page_size=page_size, base_seed=page_size) for page_size in (1, 3, 16, 32)]
+    # from the root alone to more nodes than one 32-bit word of ancestor bits
+    rows += [row(f"N={n}", torch.float32, _TWO, prefixes=[11, 0], n=n, hq=2, hkv=1, d=16, base_seed=n)
+             for n in (1, 2, 17, 33)]
+    rows += [row("unused slots see the prefix and themselves", torch.float32, _TWO, prefixes=[12, 3], n=6, hq=2,
+                 hkv=1, d=16, base_seed=2, parents=[[-1, 0, -1, 1, -1, 3], [-1, -1, -1, -1, -1, -1]]),
+             row("a row filling the cache, an empty prefix (the op's own plan)", torch.bfloat16, None,
+                 prefixes=[0, 13, 45], n=4, hq=4, hkv=2, d=16, base_seed=6),
+             row("sm_scale=0.05", torch.float32, _TWO, prefixes=[10, 20], n=4, hq=2, hkv=1, d=16, base_seed=12,
+                 sm_scale=0.05, checks=(expect("sm_scale to change lse", _scale_matters),)),
+             Row("strided q and caches (only the last dim contiguous)", torch.float32, strided_views,
+                 dict(d=16, overrides=_TWO if tier["forced_tiles"] else None), attention_compare(torch.float32, profile))]
+    return rows
+
+
+def _gpu_matrix_rows(profile):
+    """The CUDA GPU test's matrix: heads, head dims, dtypes, chain / tree, boosted draft keys."""
+    matrix, row = EDGE_TIERS[profile]["gpu_matrix"], partial(_poisoned_row, profile)
+    if matrix is None:
+        return []
+    return [row(f"Hq={hq} Hkv={hkv} D={d} N={n} {'tree' if tree else 'chain'} boosted draft keys, NaN past each row",
+                dtype, prefixes=prefixes, n=n, hq=hq, hkv=hkv, d=d, tree=tree, spare=37, boost=3.0, base_seed=n + d,
+                checks=(tree_matters(dtype, profile),) if tree else ())
+            for dtype in DTYPES for d in matrix["d"] for hq, hkv in matrix["heads"] for tree in (False, True)
+            for n, prefixes in matrix["nodes"]]
+
+
+def _gpu_rows(profile):
+    """Large head dims and node counts, sm_scale, GQA, paged pools of NaN pages, NHD caches."""
+    tier, row = EDGE_TIERS[profile], partial(_poisoned_row, profile)
+    if not tier["gpu_rows"]:
+        return []
+    rows = [row("a row filling the cache, empty prefixes, int32 lengths", torch.float16,
+                prefixes=[0, 3000 - 24, 0, 3000 - 25], n=24, hq=8, hkv=8, d=64, base_seed=11, index_dtype=torch.int32)]
+    rows += [row(f"D={d} (no tensor-core kernel)", dtype, prefixes=[700, 5], n=10, hq=8, hkv=2, d=d, base_seed=d)
+             for dtype, d in ((torch.float16, 80), (torch.bfloat16, 256), (torch.float16, 32), (torch.float32, 256))]
+    rows += [row("N=130, sm_scale=0.05", torch.bfloat16, prefixes=[333, 2100], n=130, hq=2, hkv=2, d=128,
+                 base_seed=130, sm_scale=0.05),
+             row("N=130 chain, sm_scale=0.2", torch.bfloat16, prefixes=[333, 2100], n=130, hq=2, hkv=2, d=128,
+                 base_seed=130, tree=False, sm_scale=0.2)]
+    rows += [row(f"GQA Hq={hq} Hkv={hkv} sm_scale=0.5/sqrt(D)", torch.bfloat16, prefixes=[700, 1300], n=24, hq=hq,
+                 hkv=hkv, d=128, base_seed=hq + hkv, sm_scale=0.5 / math.sqrt(128))
+             for hq, hkv in ((32, 32), (32, 4), (8, 1))]
+    rows += [row(f"{layout} page size {page_size} {str(index_dtype)[6:]} indices, NaN pages", dtype,
+                 prefixes=[0, 1000, 2500, 63], n=16, hq=32, hkv=8, d=128, layout=layout, page_size=page_size,
+                 index_dtype=index_dtype, base_seed=page_size)
+             for dtype in (torch.bfloat16, torch.float32) for page_size, layouts in tier["paged_matrix"]
+             for index_dtype in (torch.int32, torch.int64) for layout in layouts]
+    rows.append(Row("strided q, NHD caches, strided int32 lengths and parents", torch.bfloat16, strided_views,
+                    dict(d=128, overrides=None, nhd=True), attention_compare(torch.bfloat16, profile)))
+    return rows
+
+
+def _ragged_32k_prefixes(batch, n, ragged):
+    cpu = torch.Generator().manual_seed(batch * n)
+    return [int(torch.randint(16384, 32769, (1,), generator=cpu)) if ragged else 32768 for _ in range(batch)]
+
+
+def _long_prefix_rows(profile):
+    """Draft sizes and batches at 4K-32K prefixes: many prefix splits per row and the LSE merge."""
+    row = partial(_poisoned_row, profile)
+    if not EDGE_TIERS[profile]["long_prefixes"]:
+        return []
+    rows = [row(f"B={batch} N={n} ragged 4K {'tree' if tree else 'chain'}", torch.bfloat16,
+                prefixes=[4096 - 97 * b for b in range(batch)], n=n, hq=32, hkv=8, d=128, tree=tree, spare=37,
+                boost=3.0, base_seed=n * batch)
+            for batch in (1, 3, 8) for n in (1, 8, 32, 64) for tree in (True, False)]
+    rows += [row(f"B={batch} N={n} {'ragged' if ragged else 'uniform'} 32K prefixes", dtype,
+                 prefixes=_ragged_32k_prefixes(batch, n, ragged), n=n, hq=32, hkv=8, d=128, base_seed=batch + n,
+                 boost=3.0)
+             for dtype in (torch.bfloat16, torch.float16) for batch in (1, 8) for n in (8, 64)
+             for ragged in (False, True)]
+    rows += [row(f"B=1 32K prefix {'contiguous' if page_size is None else f'paged{page_size}'}", torch.bfloat16,
+                 prefixes=[32768], n=32, hq=32, hkv=8, d=128, base_seed=3,
+                 layout="contiguous" if page_size is None else "paged", page_size=page_size or 16)
+             for page_size in (None, 1, 16, 64)]  # one long row: split KV
+    rows.append(row("paged16 rows of 32K and 20K", torch.bfloat16, prefixes=[32768 - 5, 20000], n=32, hq=32, hkv=8,
+                    d=128, base_seed=7, layout="paged", page_size=16))
+    return rows
+
+
+def _empty_rows(profile):
+    """B = 0 only: at N = 0 the torch reference's CPU path dies with SIGFPE (reference/attention.py
+    _rows_attention_flash_cpu), which would take the whole selftest (or a mutation test that wraps the
+    reference) down; tests/test_triton_tree_attention.py checks N = 0 on its own."""
+    return [Row("B=0 N=3 (empty)", torch.float32, empty_batch, dict(batch=0, n=3),
+                attention_compare(torch.float32, profile))]
 
 
 def attention_cases(profile, device):
-    from ..reference.attention import paged_from_contiguous
-
-    cases = []
-    for index, (prefixes, n, hq, hkv, d, dtypes, tree, page_size) in enumerate(attention_shapes(profile)):
-        layout = "contiguous" if page_size is None else f"paged{page_size}"
-        shape = (f"B={len(prefixes)} P<={max(prefixes)} N={n} Hq={hq} Hkv={hkv} D={d} "
-                 f"{'tree' if tree else 'chain'} {layout}")
-        for dtype in dtypes:
-            def build(seed, prefixes=prefixes, n=n, hq=hq, hkv=hkv, d=d, dtype=dtype, tree=tree, page_size=page_size):
-                gen = _gen(device, seed)
-                batch = len(prefixes)
-                s_max = max(prefixes) + n
-                order = torch.randperm(batch, generator=torch.Generator().manual_seed(seed)).tolist()
-                seq_lens = torch.tensor([prefixes[i] for i in order], dtype=torch.int64, device=device)
-                q = torch.randn(batch, n, hq, d, generator=gen, device=device).to(dtype)
-                k = torch.randn(batch, hkv, s_max, d, generator=gen, device=device).to(dtype)
-                v = torch.randn(batch, hkv, s_max, d, generator=gen, device=device).to(dtype)
-                block_table = None
-                if page_size is not None:
-                    k, block_table = paged_from_contiguous(k, page_size, generator=torch.Generator().manual_seed(seed),
-                                                           spare_pages=7)
-                    v, _ = paged_from_contiguous(v, page_size, generator=torch.Generator().manual_seed(seed),
-                                                 spare_pages=7)
-                parents = random_parents(batch, n, seed).to(device) if tree else None
-                return dict(q=q, k_cache=k, v_cache=v, seq_lens=seq_lens, parents=parents, block_table=block_table)
-
-            cases.append(Case("tree_attention", shape, dtype, build, run_attention, attention_compare(dtype, profile),
-                              graph=index in (0, 1) and dtype == dtypes[-1]))
-    for name, dtype, build, compare, *known in _edge_cases(profile, device):
-        cases.append(Case("tree_attention", name, dtype, build, run_attention, compare,
-                          reference=known[0] if known else None))
-    return cases
+    rows = _shape_rows(profile)
+    for group in (_interpreter_rows, _gpu_matrix_rows, _gpu_rows, _long_prefix_rows, _empty_rows):
+        rows += group(profile)
+    return [Case("tree_attention", row.name, row.dtype, partial(row.build, device=device, **row.settings),
+                 run_attention, row.compare, graph=row.graph) for row in rows]

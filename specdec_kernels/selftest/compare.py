@@ -7,7 +7,7 @@ import math
 import torch
 
 
-def _short(x: torch.Tensor, limit: int = 12) -> str:
+def shortened(x: torch.Tensor, limit: int = 12) -> str:
     values = x.flatten().tolist()
     text = ", ".join(str(v) for v in values[:limit])
     return f"[{text}{', ...' if len(values) > limit else ''}]"
@@ -25,7 +25,7 @@ def exact(names: tuple[str, ...]):
             count = int(differ.sum())
             if count:
                 rows = differ.reshape(differ.shape[0], -1).any(1).nonzero().flatten()[:3].tolist() if g.dim() else []
-                detail = "; ".join(f"row {r}: got {_short(g[r])} want {_short(w[r])}" for r in rows)
+                detail = "; ".join(f"row {r}: got {shortened(g[r])} want {shortened(w[r])}" for r in rows)
                 return float(count), f"{name}: {count} entries differ ({detail})"
         return 0.0, None
     return compare
@@ -58,7 +58,7 @@ def close(names: tuple[str, ...], tolerances: tuple[tuple[float, float], ...]):
 def draft_nll_band(logits, drafts, margin):
     """Finite -log softmax(logits[:, i])[draft_i] as the reference computes it (float32), and the band
     around each where another logsumexp rounding may land: `margin`, widened by a few ulps of lse."""
-    from ..reference._sampling import gather_token_values, nan_to_neg_inf
+    from ..common.sampling import gather_token_values, nan_to_neg_inf
 
     body = nan_to_neg_inf(logits[:, :drafts.shape[1]])
     value, in_range = gather_token_values(body, drafts)
@@ -94,31 +94,90 @@ def compare_bild(got, want, inputs):
     return float(len(rows)), None
 
 
-def _logits_boundary_explains(b, inputs, got, want, margin=1e-4):
+def _row_uniforms(inputs, b, accepted):
+    """Row b's float64 uniforms [g+1] as the op read them: its coins, then the final draw (seeded mode:
+    the Philox draws of common/draws.py, the final one keyed by the number of accepted drafts)."""
+    from ..common.draws import ChainCoins
+
+    drafts = inputs["draft_tokens"]
+    if inputs.get("uniforms") is not None:
+        return inputs["uniforms"][b].double()
+    batch, g = drafts.shape
+    coins = ChainCoins(None, inputs["seed"], inputs.get("offsets"), batch, g, drafts.device)
+    final = coins.final(torch.full((batch,), accepted, dtype=torch.int64, device=drafts.device))
+    return torch.cat([coins.accept[b], final[b].reshape(1)])
+
+
+def _row_laws(inputs, b):
+    """Row b's target and draft softmax in float64 at its temperature (one, or one per row), and
+    its number of drafts."""
+    temperature, counts = inputs.get("temperature", 1.0), inputs.get("num_draft_tokens")
+    g = inputs["draft_tokens"].shape[1]
+    if isinstance(temperature, torch.Tensor):
+        temperature = float(temperature[b])
+    p = torch.softmax(inputs["target_logits"][b].double() / temperature, -1)
+    q = torch.softmax(inputs["draft_logits"][b].double() / temperature, -1)
+    return p, q, g if counts is None else int(counts[b].clamp(0, g))
+
+
+def _chain_coin_near(inputs, b, p, q, j, margin):
+    """Rejection sampling's coin at draft j: u_j q_j(x_j) against p_j(x_j), within `margin` relative."""
+    tok = int(inputs["draft_tokens"][b, j])
+    if not 0 <= tok < p.shape[-1]:
+        return False
+    u = _row_uniforms(inputs, b, j)
+    lhs, rhs = float(u[j]) * float(q[j, tok]), float(p[j, tok])
+    return abs(lhs - rhs) <= margin * max(abs(rhs), abs(lhs), 1e-30)
+
+
+def _block_ratios(p, q, drafts, n):
+    """Block verification's ratios of the accepted prefixes: 1, then min(1, ratio * p_i(x_i) / q_i(x_i))."""
+    ratios = [1.0]
+    for i in range(n):
+        tok = int(drafts[i])
+        ok = 0 <= tok < p.shape[-1] and float(q[i, tok]) > 0
+        ratios.append(min(1.0, ratios[-1] * float(p[i, tok]) / float(q[i, tok])) if ok else 0.0)
+    return ratios
+
+
+def _block_coin_near(ratios, p, q, u, n, margin):
+    """Any of block verification's coins within `margin` of its threshold h_i."""
+    mass = [float((ratios[j] * p[j] - q[j]).clamp(min=0).sum()) for j in range(n)]
+    for i in range(1, n + 1):
+        h = ratios[i] if i == n else (mass[i] / (mass[i] + 1 - ratios[i]) if mass[i] + 1 - ratios[i] > 0 else 1.0)
+        if abs(float(u[i - 1]) - h) <= margin:
+            return True
+    return False
+
+
+def near_boundary_explains(b, inputs, got, want, margin=1e-4, *, block=False):
     """True when row b's difference comes from a decision within `margin` of its boundary,
-    recomputed in float64 (rejection_sample_logits reduces its softmax in another order)."""
-    t_logits, d_logits, drafts, u = inputs["target_logits"], inputs["draft_logits"], inputs["draft_tokens"], \
-        inputs["uniforms"].double()
-    temperature, counts = inputs["temperature"], inputs.get("num_draft_tokens")
-    g = drafts.shape[1]
-    p = torch.softmax(t_logits[b].double() / temperature, -1)
-    q = torch.softmax(d_logits[b].double() / temperature, -1)
-    n = g if counts is None else int(counts[b].clamp(0, g))
+    recomputed in float64 (the backend reduces its softmax in another order): an acceptance coin,
+    an almost empty residual, or the final draw's threshold against a cdf boundary. The one
+    near-boundary rule of the catalog and the GPU tests: caller uniforms or seeds, one temperature
+    or one per row. What differs is the acceptance rule: rejection sampling's coin u q(x) < p(x)
+    where the accepted counts differ, or (`block`) block verification's coins against their
+    thresholds h_i, any of them (its residual then weighs p by the accepted prefix's ratio)."""
+    p, q, n = _row_laws(inputs, b)
     a_got, a_want = int(got[1][b]), int(want[1][b])
-    vocab = p.shape[-1]
-    if a_got != a_want:
-        j = min(a_got, a_want)
-        tok = int(drafts[b, j])
-        if not 0 <= tok < vocab:
+    if not block and a_got != a_want:
+        return _chain_coin_near(inputs, b, p, q, min(a_got, a_want), margin)
+    u = _row_uniforms(inputs, b, a_got)
+    if block:
+        ratios = _block_ratios(p, q, inputs["draft_tokens"][b], n)
+        if _block_coin_near(ratios, p, q, u, n, margin):
+            return True
+        if a_got != a_want:
             return False
-        lhs, rhs = float(u[b, j]) * float(q[j, tok]), float(p[j, tok])
-        return abs(lhs - rhs) <= margin * max(abs(rhs), abs(lhs), 1e-30)
-    residual = (p[a_got] - q[a_got]).clamp(min=0) if a_got < n else p[a_got]
+        residual = (ratios[a_got] * p[a_got] - q[a_got]).clamp(min=0) if a_got < n else p[a_got]
+    else:
+        residual = (p[a_got] - q[a_got]).clamp(min=0) if a_got < n else p[a_got]
     if float(residual.sum()) < margin:
         return True  # a nearly empty residual: the fallback decision itself is marginal
     cdf = residual.cumsum(0)
     lo = min(int(got[0][b, a_got]), int(want[0][b, a_got]))
-    return abs(float(cdf[lo]) - float(u[b, g]) * float(cdf[-1])) <= margin * float(cdf[-1])
+    g = inputs["draft_tokens"].shape[1]
+    return abs(float(cdf[lo]) - float(u[g]) * float(cdf[-1])) <= margin * float(cdf[-1])
 
 
 def boundary_excused(explains):
@@ -137,13 +196,13 @@ def boundary_excused(explains):
         unexplained = [b for b in rows if not explains(b, inputs, got, want)]
         if unexplained:
             b = unexplained[0]
-            return float(len(rows)), (f"row {b} differs away from any decision boundary: got {_short(got[0][b])} "
-                                      f"want {_short(want[0][b])}")
+            return float(len(rows)), (f"row {b} differs away from any decision boundary: got {shortened(got[0][b])} "
+                                      f"want {shortened(want[0][b])}")
         return float(len(rows)), None
     return compare
 
 
-compare_logits_sampling = boundary_excused(_logits_boundary_explains)
+compare_logits_sampling = boundary_excused(near_boundary_explains)
 
 
 def with_checks(compare, *checks):
@@ -170,7 +229,7 @@ def chain_structure(vocab_key="target_logits"):
             return None
         emitted = out.gather(1, accepted.clamp(0, out.shape[1] - 1).unsqueeze(1)).squeeze(1)
         if not bool(((emitted >= 0) & (emitted < vocab)).all()):
-            return f"an emitted token is outside [0, {vocab}): {_short(emitted)}"
+            return f"an emitted token is outside [0, {vocab}): {shortened(emitted)}"
         pos = torch.arange(out.shape[1], device=out.device).unsqueeze(0)
         if not bool((out[pos > accepted.unsqueeze(1)] == -1).all()):
             return "entries after the emitted token are not -1"
@@ -181,5 +240,5 @@ def chain_structure(vocab_key="target_logits"):
 def expect(description, predicate):
     """A known answer: predicate(got, inputs) -> bool, reported with `description` when False."""
     def check(got, inputs):
-        return None if predicate(got, inputs) else f"expected {description}; got {_short(got[0])} {_short(got[1])}"
+        return None if predicate(got, inputs) else f"expected {description}; got {shortened(got[0])} {shortened(got[1])}"
     return check

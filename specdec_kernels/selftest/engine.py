@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from .compare import _short
+from .compare import shortened
 from .device import ContextLost, context_alive, describe_error, sync
 from .model import FAIL, PASS, SKIP, Result
 
@@ -27,7 +27,8 @@ def graphs_available(device: torch.device) -> bool:
     """Whether generate(cuda_graphs=True) can run here: a GPU, or (tests) a stand-in graph backend."""
     from ..decoding import graphs
 
-    return device.type == "cuda" or (graphs._backend.available() and not isinstance(graphs._backend, graphs.CudaGraphs))
+    backend = graphs.current_backend()
+    return device.type == "cuda" or (backend.available() and not isinstance(backend, graphs.CudaGraphs))
 
 
 def first_difference(got: torch.Tensor, want: torch.Tensor) -> str | None:
@@ -38,7 +39,7 @@ def first_difference(got: torch.Tensor, want: torch.Tensor) -> str | None:
     if not differ.numel():
         return None
     pos = int(differ[0])
-    return f"first differs at new token {pos}: got {_short(got[pos:pos + 6])} want {_short(want[pos:pos + 6])}"
+    return f"first differs at new token {pos}: got {shortened(got[pos:pos + 6])} want {shortened(want[pos:pos + 6])}"
 
 
 class _NotLoaded(Exception):

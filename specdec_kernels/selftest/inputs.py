@@ -3,7 +3,7 @@
 import torch
 
 
-def _gen(device: torch.device, seed: int) -> torch.Generator:
+def seeded_generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
@@ -22,7 +22,7 @@ def near_top_drafts(logits, gen, wild=0.1):
     """Half the drafts the argmax, the others a token of rank 1..4, a `wild` fraction random
     or -1: accepted prefixes of every length, plus rejections. (Ids >= V would fail the op's
     validation on the CPU; the GPU tests cover them.)"""
-    from ..reference._sampling import nan_to_neg_inf
+    from ..common.sampling import nan_to_neg_inf
 
     batch, positions, vocab = logits.shape
     g, device = positions - 1, logits.device

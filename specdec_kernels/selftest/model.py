@@ -1,7 +1,7 @@
 """The selftest's data model: a check's Result, a Case (how to build, run and judge one problem), the Plan of a run."""
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -56,3 +56,13 @@ class Plan:
     capture: Callable | None = None
     # op -> at most this many of its cases (tiers.spread); an op not named here runs every case of the profile
     cases_per_op: dict = field(default_factory=dict)
+
+
+class Row(NamedTuple):
+    """One case of an op's table: its inputs are build(seed, device=..., **settings)."""
+    name: str
+    dtype: torch.dtype | None
+    build: Callable
+    settings: dict
+    compare: Callable
+    graph: bool = False

@@ -7,16 +7,20 @@ from typing import Callable
 import torch
 
 from .cases_attention import attention_cases
-from .cases_chain import chain_cases
+from .cases_block_verification import block_verification_cases
 from .cases_early_exit import early_exit_cases
-from .cases_kv import kv_cases
-from .cases_tree import tree_cases
+from .cases_kv_cache import kv_cases
+from .cases_logit_verify import logit_verify_cases
+from .cases_rejection_sampling import rejection_sampling_cases
+from .cases_tree_verify import tree_verify_cases
 from .device import ContextLost, context_alive, describe_error, sync
 from .engine import run_engine
 from .model import FAIL, PASS, SKIP, Case, Plan, Result
 from .tiers import spread
 
-CASE_FAMILIES = (chain_cases, tree_cases, attention_cases, kv_cases, early_exit_cases)
+CASE_FAMILIES = (logit_verify_cases, rejection_sampling_cases, block_verification_cases, tree_verify_cases,
+                 attention_cases, kv_cases, early_exit_cases)
+REFUSAL = "cannot serve this call"  # what a backend past its registered launch limits says (common/registry.py)
 
 
 def _copy_into(static: dict, fresh: dict) -> None:
@@ -79,7 +83,7 @@ def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
             result(backend, case.name, FAIL if problem else PASS, error, problem or "", start)
         except Exception as error:  # noqa: BLE001
             message = describe_error(error)
-            if isinstance(error, ValueError) and "cannot serve this call" in message:
+            if isinstance(error, ValueError) and REFUSAL in message:
                 result(backend, case.name, SKIP, message=message, start=start)  # past a registered launch limit
                 continue
             result(backend, case.name, FAIL, message=message, start=start)

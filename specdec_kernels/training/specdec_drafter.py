@@ -1,23 +1,6 @@
 """`train_specdec_drafter`: train SpecDec's block-parallel drafter on a target model and plain text.
 
-Recipe (Xia et al., Sec. 3.1.3, and the official code's details):
-- sequence-level distillation: the target's greedy continuations of prompts cut from the texts are
-  the labels (distill.py);
-- per example a random prefix length p, uniform over [0, L-1] of the continuation's L real tokens
-  (EOS included): the drafter reads prompt + continuation[:p] and k masks, and learns
-  continuation[p:p+k]; positions past the continuation's end are not trained;
-- dense supervision (dense=True, the default): every prefix of every continuation is a block in
-  ONE forward (SpecDecDrafter.forward_blocks: the sequence causal, each block sees the sequence
-  below its anchor and its own masks, exactly a drafting step's computation), so a step trains
-  continuation_length blocks per row instead of one; dense=False is the one-block-per-row form;
-- label-smoothed cross-entropy (0.1) on the block positions;
-- optional GLAT glancing: a no-grad pass counts the wrong predictions in the block, (wrong * ratio)
-  random block positions get their true token as input instead of [MASK], and the loss covers
-  only the positions still masked; the ratio anneals linearly from 0.5 to 0.3;
-- AdamW (0.9, 0.999, eps 1e-6), weight decay 0.01, clip norm 5.0, linear warm-up then a cosine
-  decay to 10% of the peak (schedule="cosine", the default), or the paper's inverse square root
-  (schedule="inverse_sqrt": at a CPU-sized budget it spends most steps at a small fraction of the
-  peak; issue 28).
+More on how it works: docs/internals.md, `specdec_kernels/training/specdec_drafter.py`.
 """
 
 import math
@@ -220,17 +203,7 @@ def train_specdec_drafter(target, texts, *, tokenizer=None, block_size: int = 10
     Returns:
         the trained SpecDecDrafter (eval mode, on the target's device).
     """
-    if schedule not in ("cosine", "inverse_sqrt"):
-        raise ValueError(f"{OP}: schedule must be 'cosine' or 'inverse_sqrt' (got {schedule!r})")
-    if block_size < 1 or steps < 0 or batch_size < 1:
-        raise ValueError(f"{OP}: block_size and batch_size must be >= 1 and steps >= 0 "
-                         f"(got {block_size}, {batch_size}, {steps})")
-    if not (max_prompts is None or max_prompts == "auto" or (isinstance(max_prompts, int) and max_prompts >= 1)):
-        raise ValueError(f"{OP}: max_prompts must be 'auto', a positive int or None (got {max_prompts!r})")
-    if max_prompts == "auto":
-        max_prompts = max(steps * batch_size, 1)
-    if resume and output_dir is None:
-        raise ValueError(f"{OP}: resume=True needs output_dir (where the checkpoints are)")
+    max_prompts = _checked_options(schedule, block_size, steps, batch_size, max_prompts, resume, output_dir)
     if min_prompt_length is None:
         min_prompt_length = max(1, prompt_length // 8)
     device = next(target.parameters()).device
@@ -242,14 +215,61 @@ def train_specdec_drafter(target, texts, *, tokenizer=None, block_size: int = 10
     data = load_or_distill(target, texts, tokenizer, out, prompt_length, continuation_length, max_prompts,
                            distill_batch_size, progress, min_prompt_length if dense else None, seed)
     torch.manual_seed(seed)
-    if checkpoint is not None:
-        drafter = SpecDecDrafter.from_pretrained(checkpoint)
-    elif drafter is None:
-        drafter = SpecDecDrafter(default_drafter_config(target, block_size, prompt_length + continuation_length + 1,
-                                                        **(drafter_config or {})))
-        copy_target_embeddings(drafter, target)
-    drafter.to(device).train()
+    drafter = _starting_drafter(target, drafter, checkpoint, drafter_config, block_size,
+                                prompt_length + continuation_length + 1).to(device).train()
 
+    optimizer, scheduler = _optimization(drafter, learning_rate, weight_decay, warmup_steps, steps, schedule)
+    generator = torch.Generator().manual_seed(seed)
+    first = 0 if checkpoint is None else _resume(checkpoint, optimizer, scheduler, generator)
+
+    bar = tqdm(total=steps, initial=first, desc="specdec drafter", disable=not progress)
+    for step in range(first, steps):
+        ratio = glance_ratio[0] - (glance_ratio[0] - glance_ratio[1]) * min(1.0, step / max(steps, 1))
+        loss = (dense_loss if dense else block_loss)(drafter, data, batch_size, block_size, generator, device,
+                                                     glancing, ratio, label_smoothing)
+        _update(drafter, loss, optimizer, scheduler, clip_norm)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}" if math.isfinite(loss.item()) else "-",
+                        lr=f"{scheduler.get_last_lr()[0]:.2e}")
+        if out is not None and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
+            _save(out, step + 1, drafter, optimizer, scheduler, generator, keep_checkpoints)
+    bar.close()
+    drafter.eval()
+    if out is not None:
+        drafter.save_pretrained(out)
+    target.train(target_was_training)
+    return drafter
+
+
+def _starting_drafter(target, drafter, checkpoint, drafter_config, block_size, positions):
+    """The drafter training starts from: a checkpoint's, the caller's, or a new one (embeddings copied from
+    the target where the widths match)."""
+    if checkpoint is not None:
+        return SpecDecDrafter.from_pretrained(checkpoint)
+    if drafter is None:
+        drafter = SpecDecDrafter(default_drafter_config(target, block_size, positions, **(drafter_config or {})))
+        copy_target_embeddings(drafter, target)
+    return drafter
+
+
+def _checked_options(schedule, block_size, steps, batch_size, max_prompts, resume, output_dir):
+    """train_specdec_drafter's option checks; returns max_prompts with "auto" resolved."""
+    if schedule not in ("cosine", "inverse_sqrt"):
+        raise ValueError(f"{OP}: schedule must be 'cosine' or 'inverse_sqrt' (got {schedule!r})")
+    if block_size < 1 or steps < 0 or batch_size < 1:
+        raise ValueError(f"{OP}: block_size and batch_size must be >= 1 and steps >= 0 "
+                         f"(got {block_size}, {batch_size}, {steps})")
+    if not (max_prompts is None or max_prompts == "auto" or (isinstance(max_prompts, int) and max_prompts >= 1)):
+        raise ValueError(f"{OP}: max_prompts must be 'auto', a positive int or None (got {max_prompts!r})")
+    if max_prompts == "auto":
+        max_prompts = max(steps * batch_size, 1)
+    if resume and output_dir is None:
+        raise ValueError(f"{OP}: resume=True needs output_dir (where the checkpoints are)")
+    return max_prompts
+
+
+def _optimization(drafter, learning_rate, weight_decay, warmup_steps, steps, schedule):
+    """AdamW (no decay on biases and norms) and the learning-rate schedule."""
     decay = [p for n, p in drafter.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in drafter.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
@@ -257,44 +277,33 @@ def train_specdec_drafter(target, texts, *, tokenizer=None, block_size: int = 10
                                   lr=learning_rate, betas=(0.9, 0.999), eps=1e-6)
     factor = (cosine_schedule(warmup_steps, steps) if schedule == "cosine"
               else checkpoints.inverse_sqrt_schedule(warmup_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    generator = torch.Generator().manual_seed(seed)
-    first = 0
-    if checkpoint is not None:
-        state = checkpoints.load_state(checkpoint)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["schedule"])
-        checkpoints.set_rng_state(state["rng"], generator)
-        first = state["step"]
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
-    bar = tqdm(total=steps, initial=first, desc="specdec drafter", disable=not progress)
-    for step in range(first, steps):
-        ratio = glance_ratio[0] - (glance_ratio[0] - glance_ratio[1]) * min(1.0, step / max(steps, 1))
-        if dense:
-            loss = dense_loss(drafter, data, batch_size, block_size, generator, device, glancing, ratio,
-                              label_smoothing)
-        else:
-            loss = block_loss(drafter, data, batch_size, block_size, generator, device, glancing, ratio,
-                              label_smoothing)
-        optimizer.zero_grad(set_to_none=True)
-        if torch.isfinite(loss):  # a batch whose glancing revealed every label has no loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(drafter.parameters(), clip_norm)
-            optimizer.step()
-        scheduler.step()
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}" if math.isfinite(loss.item()) else "-",
-                        lr=f"{scheduler.get_last_lr()[0]:.2e}")
-        if out is not None and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
-            checkpoints.save_checkpoint(out, step + 1, drafter, {
-                "optimizer": optimizer.state_dict(), "schedule": scheduler.state_dict(),
-                "rng": checkpoints.rng_state(generator)}, keep_checkpoints)
-    bar.close()
-    drafter.eval()
-    if out is not None:
-        drafter.save_pretrained(out)
-    target.train(target_was_training)
-    return drafter
+
+def _resume(checkpoint, optimizer, scheduler, generator) -> int:
+    """Load a checkpoint's optimiser, schedule and batch stream; returns its step."""
+    state = checkpoints.load_state(checkpoint)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["schedule"])
+    checkpoints.set_rng_state(state["rng"], generator)
+    return state["step"]
+
+
+def _save(out, step, drafter, optimizer, scheduler, generator, keep) -> None:
+    """A checkpoint to resume from: the drafter, the optimiser, the schedule and the batch stream."""
+    checkpoints.save_checkpoint(out, step, drafter, {
+        "optimizer": optimizer.state_dict(), "schedule": scheduler.state_dict(),
+        "rng": checkpoints.rng_state(generator)}, keep)
+
+
+def _update(drafter, loss, optimizer, scheduler, clip_norm) -> None:
+    """One optimiser step (skipped for a batch whose glancing revealed every label: no loss), then the schedule's."""
+    optimizer.zero_grad(set_to_none=True)
+    if torch.isfinite(loss):
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), clip_norm)
+        optimizer.step()
+    scheduler.step()
 
 
 def cosine_schedule(warmup_steps: int, steps: int):
@@ -312,27 +321,29 @@ def dense_loss(drafter, data, batch_size, block_size, generator, device, glancin
     input_ids, lengths, anchors, labels, sources = sample_sequences(data, batch_size, block_size, generator)
     inputs = {"input_ids": input_ids.to(device), "lengths": lengths.to(device), "anchors": anchors.to(device),
               "block_ids": torch.full(labels.shape, drafter.config.mask_token_id, dtype=torch.int64, device=device)}
-    if sources is not None:
-        inputs["encoder_hidden"], inputs["encoder_mask"] = drafter.encode(sources.to(device))
-    if glancing:
-        block_ids, labels = glance_blocks(drafter, inputs, labels, ratio, generator)
-        inputs["block_ids"] = block_ids.to(device)
-        if sources is not None:  # the encoder output of the no-grad pass must not be reused
-            inputs["encoder_hidden"], inputs["encoder_mask"] = drafter.encode(sources.to(device))
-    return drafter.forward_blocks(**inputs, labels=labels.to(device), label_smoothing=label_smoothing).loss
+    return _batch_loss(drafter, drafter.forward_blocks, glance_blocks, inputs, labels, sources, generator, device,
+                       glancing, ratio, label_smoothing)
 
 
 def block_loss(drafter, data, batch_size, block_size, generator, device, glancing, ratio, label_smoothing):
     input_ids, lengths, labels, sources = sample_batch(data, batch_size, block_size, generator)
     inputs = {"input_ids": input_ids.to(device), "num_new": lengths.to(device), "block_size": block_size}
+    return _batch_loss(drafter, drafter, glance, inputs, labels, sources, generator, device, glancing, ratio,
+                       label_smoothing)
+
+
+def _batch_loss(drafter, forward, glance_with, inputs, labels, sources, generator, device, glancing, ratio,
+                label_smoothing):
+    """The loss of `forward` (the dense or the block pass) on `inputs`, with the encoder's output of the
+    seq2seq sources, if any, and with glancing the block ids `glance_with` revealed."""
     if sources is not None:
         inputs["encoder_hidden"], inputs["encoder_mask"] = drafter.encode(sources.to(device))
     if glancing:
-        block_ids, labels = glance(drafter, inputs, labels, ratio, generator)
+        block_ids, labels = glance_with(drafter, inputs, labels, ratio, generator)
         inputs["block_ids"] = block_ids.to(device)
         if sources is not None:  # the encoder output of the no-grad pass must not be reused
             inputs["encoder_hidden"], inputs["encoder_mask"] = drafter.encode(sources.to(device))
-    return drafter(**inputs, labels=labels.to(device), label_smoothing=label_smoothing).loss
+    return forward(**inputs, labels=labels.to(device), label_smoothing=label_smoothing).loss
 
 
 def load_or_distill(target, texts, tokenizer, out: Path | None, prompt_length: int, continuation_length: int,

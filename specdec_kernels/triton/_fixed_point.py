@@ -1,4 +1,4 @@
-"""Fixed-point sampling helpers in Triton, bit-identical to `specdec_kernels.reference._sampling`.
+"""Fixed-point sampling helpers in Triton, bit-identical to `specdec_kernels.common.sampling`.
 
   weight_v  = floor(clamp(x_v, 0, 1) * 2^40)   (x in float32; NaN -> 0, +inf -> 1, -inf -> 0)
   threshold = floor(u * float64(total))         (u float64 in [0, 1); kept in [0, total - 1])
@@ -27,7 +27,7 @@ def draw_threshold(u, total):
     """floor(u * float64(total)) as int64, kept in [0, total - 1] (total int64 >= 0).
 
     For u in [0, 1) the clamp never acts; it keeps the draw inside the row for an
-    unvalidated GPU uniform of 1.0, above 1, or NaN (reference `_sampling.draw_threshold`).
+    unvalidated GPU uniform of 1.0, above 1, or NaN (`common.sampling.draw_threshold`).
     """
     x = u.to(tl.float64) * total.to(tl.float64)
     x = tl.where(x >= 0.0, tl.minimum(x, 4611686018427387904.0), 0.0)  # NaN, < 0 -> 0; 2^62 cap

@@ -1,4 +1,4 @@
-"""Philox-4x32-10 in Triton, bit-identical to `specdec_kernels.reference.rng`.
+"""Philox-4x32-10 in Triton, bit-identical to `specdec_kernels.common.rng`.
 
 Device helpers only (no kernels): `philox4x32` works on uint32 tensors/scalars and
 `philox_uniform` turns a counter (position, row key, salt, extra) and a 64-bit seed into

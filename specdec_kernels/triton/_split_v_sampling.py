@@ -6,16 +6,7 @@ ticket (`_tickets`); the row's last program draws the threshold, finds the chunk
 total crosses it and rescans that chunk alone. Integer sums do not depend on the split, so
 every plan gives the reference's token.
 
-What a loaded element means as a probability (`tile_pq`): the value itself (probability
-kernels), or, with LOGITS, softmax(x / T) from the row's merged statistics:
-  z = x / T (IEEE division, as torch divides), p = exp(z - M) / S,
-where (M, S) merge the per-chunk (max, sum exp(z - max)) partials of a first launch
-(`chunk_softmax_stats`, `merge_softmax_stats`). A row torch.softmax makes all NaN (a NaN, a
-+inf, or no finite value) is NaN here too: its weights are 0.
-
-The residual weight of an id (`residual_weights`): to_weights(p - q) in float32 (rejection
-sampling, reference `_sampling`), or, SCALED, floor(clamp(c p - q, 0, 1) 2^40) in float64 with
-a prefix ratio c (block verification, reference `block_verification`).
+More on how it works: docs/internals.md, `specdec_kernels/triton/_split_v_sampling.py`.
 """
 
 import triton
@@ -24,7 +15,7 @@ import triton.language as tl
 from ._fixed_point import count_at_or_below, draw_threshold, to_weights
 from ._tickets import load_partials
 
-SCALE: tl.constexpr = tl.constexpr(1099511627776.0)  # 2^40, the fixed-point scale of `reference._sampling`
+SCALE: tl.constexpr = tl.constexpr(1099511627776.0)  # 2^40, the fixed-point scale of `common.sampling`
 
 
 # ------------------------------------------------------------------ softmax statistics (LOGITS)

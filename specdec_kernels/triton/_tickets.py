@@ -6,15 +6,7 @@ program that draws the row's last ticket knows that every partial of the row is 
 it merges them, finishes the row, and stores 0 back into the counter, so the workspace is
 zeroed again for the next call or CUDA-graph replay. No second launch, no host sync.
 
-GPU memory ordering (the interpreter runs programs one after another and needs none of it):
-- `tl.debug_barrier()` before the ticket: a program's partials may be stored by any of
-  its threads, and the atomic is done by one thread; the barrier orders every thread's
-  stores before it, and the atomic's release semantics (acq_rel, GPU scope) then make
-  them visible to whoever acquires the counter later.
-- the merging program reads the other programs' partials with `cache_modifier=".cg"`
-  (cache in L2 only): L1 is not coherent across SMs, and an earlier call could have left
-  the same addresses in this SM's L1, so a plain load could return a stale partial even
-  after the acquire.
+More on how it works: docs/internals.md, `specdec_kernels/triton/_tickets.py`.
 """
 
 import triton

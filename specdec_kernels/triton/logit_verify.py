@@ -5,32 +5,7 @@ One launch per call, split over V (the usual speculative-decoding batch has few 
 a large V, so one program per row would leave the GPU idle). No host sync, no
 data-dependent allocation; every logits row the contract needs is read once.
 
-`_chain_verify_kernel`, grid (B*(g+1), num_splits): program (row, split) streams one chunk
-of one logits row (b, position) in BLOCK_V tiles (fp32 after loading, NaN -> -inf) and
-stores, for that chunk (`_split_v_stats`),
-  - the max and its lowest index (argmax partial, ties -> lowest id);
-  - RANK (relaxed_verify): how many ids rank ahead of the draft at that position,
-    #{v: l_v > l_x} + #{v < x: l_v == l_x} (the draft logit l_x is one extra load);
-    counts add up exactly across chunks;
-  - SUMEXP (bild_verify): sum_v exp(l_v - m), m the chunk max, kept with a running max
-    rescaled per tile (online softmax).
-Positions past a ragged row's drafts (position > n_b) are never read. Each program then
-takes a ticket from its batch row's counter (`_tickets`); the one that draws the row's
-last ticket merges every position of the row at once ([g+1, splits] block): argmax, max,
-rank count, lse = M + log(sum_s S_s * exp(m_s - M)) (lse = M when M is +-inf, like
-torch.logsumexp); accept flags per position, num_accepted = the first rejection, then
-output_tokens. No serial walk over positions. MODE picks the rule: greedy (draft ==
-argmax), relaxed (rank and tau) or bild (NLL threshold).
-
-`_max_prob_kernel`, grid (rows, num_splits): the SUMEXP statistics of one chunk, a ticket
-per row, and the row's last program stores exp(M - lse) (1 for M = +inf, 0 for M = -inf).
-
-greedy_verify and relaxed_verify are comparisons and counts only, so they match the reference bit for bit
-(tau is rounded to float32, as torch does when comparing a float32 tensor to a Python
-float). bild_verify and max_prob use the reference's formulas (lse = M + log S, then
-lse - l_x <= threshold, exp(M - lse)) but sum in another order, so lse differs from
-torch.logsumexp by rounding: bild_verify can only differ where lse - l_x is within ~1e-5
-of the threshold, max_prob by a few float32 ulps.
+More on how it works: docs/internals.md, `specdec_kernels/triton/logit_verify.py`.
 """
 
 import torch

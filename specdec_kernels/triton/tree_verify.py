@@ -1,5 +1,5 @@
 """Triton backends of `tree_greedy_verify` and `tree_rejection_sample` (token trees; the sampling
-kernel, split over V, is tree_rejection.py's).
+kernel, split over V, is tree_verify_sampling.py's).
 
 One launch per call, no host sync and no data-dependent allocation. A row is a serial
 walk from the root, one level per step, and the levels depend on each other (the next
@@ -8,18 +8,7 @@ row's `parents` and `tree_tokens` as BLOCK_N = next_power_of_2(N) lanes (`_tree_
 current node, and the accepted path (nodes and tokens, at most N entries). The outputs are
 stored once at the end (the path, then -1 up to max_depth + 1).
 
-At each visited node a lane compare finds the first child whose token is the node's argmax
-(fp32 after loading, NaN -> -inf, ties -> lowest id, all -inf -> 0). Two kernels, chosen
-from (B, N, max_depth) only (`SPLIT_ROWS_PER_LEVEL`):
-- large B, `_tree_greedy_kernel`, grid (B,): one program per row streams each visited
-  node's row when it gets there. Nothing else is read.
-- small B, `_tree_greedy_split_kernel`, grid (B*N, splits): the argmax partials of every
-  node the walk could reach (the root, or a parent in [0, node)) are computed split over V
-  in parallel (`_split_v_stats`), as `greedy_verify` does for a chain; the program that
-  draws the row's last ticket (`_tickets`) merges them into one argmax per node and walks
-  the tree in registers. This reads the rows of unvisited nodes too, but in parallel
-  instead of one after another.
-Comparisons only: the outputs equal the reference bit for bit on every dtype.
+More on how it works: docs/internals.md, `specdec_kernels/triton/tree_verify.py`.
 """
 
 import torch
@@ -33,8 +22,8 @@ from ._split_plans import STATS_MAX_SPLITS, STATS_TILES, stats_plan
 from ._split_v_stats import chunk_stats, merge_argmax
 from ._tickets import last_ticket, reset_ticket
 from ._tree_walk import load_tree
-from .tree_rejection import launch_limits as rejection_limits
-from .tree_rejection import launch_rejection as _launch_rejection
+from .tree_verify_sampling import launch_limits as rejection_limits
+from .tree_verify_sampling import launch_rejection as _launch_rejection
 
 BLOCK_V = 1024  # vocabulary elements per tile (power of two)
 # tree_greedy_verify at small B reads every node the walk could reach, split over V, in

@@ -6,23 +6,9 @@
 vLLM calls `register()` once in each of its processes (main, engine core, workers). Without
 SPECDEC_KERNELS_VLLM=1 it returns at once: installing this package never changes a vLLM
 deployment by surprise. With it, two module attributes of `vllm.v1.sample.rejection_sampler`
-(the ones `RejectionSampler.forward` calls) are replaced:
+(the ones `RejectionSampler.forward` calls) are replaced.
 
-- `rejection_sample`: verification of the drafts by `ops.greedy_verify` (greedy rows) and
-  `ops.rejection_sample`, or `ops.block_verify` with SPECDEC_KERNELS_VLLM_VERIFICATION=block
-  (random rows; see `sampler.py`);
-- `expand_batch_to_tokens`: a torch version, because the CPU build's kernel leaves its output
-  uninitialised, so sampled speculative decoding divided the logits by garbage.
-
-Everything else (temperature, top-k, top-p, penalties, bonus-token sampling, logprobs) stays
-vLLM's. On a vLLM whose interface we have not checked, `register()` logs a warning and
-changes nothing. Registering again is a no-op.
-
-Environment: SPECDEC_KERNELS_VLLM=1 (turn on), SPECDEC_KERNELS_VLLM_BACKEND (our op backend,
-default "auto"), SPECDEC_KERNELS_VLLM_VERIFICATION ("token", the default: vLLM's own rule, or
-"block": block verification of random rows, lossless and accepting at least as much; any other
-value makes `register()` raise ValueError, so vLLM does not start with a setting it would
-ignore), SPECDEC_KERNELS_VLLM_STATS=<folder> (each process writes what our ops did).
+More on how it works: docs/internals.md, `specdec_kernels/integrations/vllm/__init__.py`.
 """
 
 import inspect
@@ -34,6 +20,7 @@ ENABLE_ENV = "SPECDEC_KERNELS_VLLM"
 # vLLM minor versions whose rejection-sampler interface this adapter was written against and
 # tested with; anything else is left alone (the interface moves between minors).
 TESTED_VERSIONS = ("0.32",)
+TRACKS = "vllm 0.32: vllm.v1.sample.rejection_sampler"  # the upstream this adapter tracks
 MODULE = "vllm.v1.sample.rejection_sampler"
 EXPECTED_PARAMETERS = {
     "rejection_sample": ["draft_token_ids", "num_draft_tokens", "max_spec_len", "cu_num_draft_tokens", "draft_probs",

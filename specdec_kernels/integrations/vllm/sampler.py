@@ -10,10 +10,7 @@ the target's (processed) logits at each draft position, and the bonus token of e
 already sampled by vLLM's own sampler (`bonus_token_ids [B, 1]`). The result is int32
 `[B, max_spec_len + 1]`: accepted drafts, then the correction or bonus token, then -1.
 
-Ours is padded: `draft_tokens [B, g]` with ragged rows through `num_draft_tokens`, scores
-`[B, g+1, V]` whose row b takes its bonus from position n_b. The bonus position holds a one-hot
-of vLLM's bonus token, so our ops emit exactly the token vLLM's sampler chose (with its
-penalties, logits processors and per-request generator) when every draft is accepted.
+More on how it works: docs/internals.md, `specdec_kernels/integrations/vllm/sampler.py`.
 """
 
 import json

@@ -1,0 +1,548 @@
+"""The rejection_sampling family's catalog: rejection_sample and rejection_sample_logits. Random
+shapes in every dtype, then edge cases: every randomness mode, crafted rows, strided inputs,
+out-of-range ids (through the backend itself), g = 0 and empty batches. Block verification takes
+the same inputs under the same contract, so cases_block_verification.py runs these edges too:
+PROBS_EDGES and LOGITS_EDGES hold one Edge per input set, probs_rows / logits_rows make it a
+Row of an op. Sizes in TIERS; "tiny" (the Triton interpreter) also thins the sweeps' settings."""
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .chain_inputs import (ADVERSARIAL_LOGITS_ROWS, CHAIN_OUTPUTS, EDGE_PROBS_ROWS, Row, Section, adversarial_logits,
+                           adversarial_probs, alternate_ragged, catalog, chunked, edge_probs, fuzz_probs,
+                           hostile_block_probs, keep_settings, probs_inputs, random_shape_variants,
+                           sampling_logits_inputs, sampling_modes, seeded_probs_inputs, sweep, sweep_structure, tiered)
+from .compare import chain_structure, compare_logits_sampling, exact
+from .inputs import ragged, random_probs, seeded_generator
+from .model import DTYPES
+
+F32 = torch.float32
+EXACT = exact(CHAIN_OUTPUTS)
+PROBS_STRUCTURE = sweep_structure("target_probs")
+LOGITS_STRUCTURE = chain_structure()
+PROBS_FUZZ = ((1, 0, 1, 0.3), (4, 4, 70, 0.2), (2, 3, 1, 0.0), (3, 2, 17, 0.3), (4, 1, 5, 0.05), (2, 4, 33, 0.1))
+GPU_PROBS_FUZZ = tuple((batch, g, vocab * 1000 + 1 if vocab > 8 else vocab, special)
+                       for batch, g, vocab, special in PROBS_FUZZ)
+
+TIERS = {  # the sizes of the edge cases: the Triton interpreter at "tiny", production vocabularies on a GPU
+    "probs modes": dict(tiny=((4, 3, 300), (4, 1, 7), (1, 3, 1)), quick=((3, 4, 32000), (64, 8, 2049)),
+                        full=((1, 4, 32000), (3, 8, 128256), (64, 1, 151936), (300, 2, 2047), (5, 1, 2048),
+                              (1, 3, 8200), (300, 2, 50000), (5, 3, 1), (64, 4, 7))),
+    "edge rows": dict(tiny="edge rows (p == q, q = 0, one-hot, no mass, NaN, inf, -1, last id, NaN q) V=300",
+                      quick="edge rows V=300", full="edge rows V=300"),
+    "adversarial": dict(tiny=(300,), quick=(32000,), full=(32000, 151936)),  # at "tiny": float32 only
+    "strided": dict(tiny=300, quick=128256, full=128256),
+    "small": dict(tiny=50, quick=32000, full=32000),
+    "empty residual": dict(tiny=300, quick=128256, full=128256),
+    "expanded": dict(tiny=(), quick=128256, full=128256),
+    "probs fuzz": dict(tiny=PROBS_FUZZ, quick=GPU_PROBS_FUZZ, full=GPU_PROBS_FUZZ),  # (B, g, V, specials)
+    # at "tiny": one shape per dtype (float32, float16, bfloat16)
+    "logits modes": dict(tiny=((4, 3, 64), (3, 2, 300), (2, 2, 1)), quick=((3, 4, 32000),),
+                         full=((1, 4, 32000), (3, 8, 151936), (64, 4, 32000), (64, 1, 151936))),
+    "logits adversarial": dict(tiny=64, quick=32000, full=32000),
+    "identical": dict(tiny=40, quick=32000, full=32000),
+    "logits strided": dict(tiny=100, quick=128256, full=128256),
+}
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One edge input set, run through the sampling op and the block verification op alike."""
+    name: str  # a str.format template over the section's variant
+    build: Callable
+    known: Callable | None = None  # known(out, accepted, inputs) of each setting: the sampling op's answers
+    direct: bool = False  # through the backend itself (ids >= V reach the kernel, as on a GPU)
+    block_on_cpu: bool = True  # False: too slow for the block kernel under the interpreter (a GPU runs it)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sampling ops' sweeps: (randomness mode, counts[, temperature]) settings, judged setting by setting
+
+def _settings(x):
+    return x["settings"]
+
+
+def probs_sweep(op, direct=False):
+    """op(target, draft, drafts, **mode, num_draft_tokens=counts) over x["settings"]: (mode, counts) pairs."""
+    from .. import ops
+    from ..common import registry
+
+    def call(x, be, setting):
+        kwargs, counts = setting
+        fn = registry.implementation(op, be) if direct else functools.partial(getattr(ops, op), backend=be)
+        return fn(x["target_probs"], x["draft_probs"], x["draft_tokens"], num_draft_tokens=counts, **kwargs)
+    return sweep(call, _settings)
+
+
+def with_settings(x, modes, counts_sets=(None,)):
+    """x with a sweep over every (mode, counts) pair (settings) and their labels."""
+    settings, labels = [], []
+    for label, kwargs in modes:
+        for counts in counts_sets:
+            settings.append((kwargs, counts))
+            labels.append((f"{label} counts={None if counts is None else counts.tolist()}", None))
+    return {**x, "settings": settings, "labels": labels}
+
+
+def effective_uniforms(inputs, accepted):
+    """[B, g+1] float64: the coins and the final draw a call used (seeded mode: the counter-based
+    draws, the final one at the reference's number of accepted drafts)."""
+    from ..common.draws import ChainCoins
+
+    drafts = inputs["draft_tokens"]
+    batch, g = drafts.shape
+    if inputs.get("uniforms") is not None:
+        return inputs["uniforms"].double()
+    coins = ChainCoins(None, inputs["seed"], inputs.get("offsets"), batch, g, drafts.device)
+    return torch.cat([coins.accept.reshape(batch, g), coins.final(accepted).reshape(batch, 1)], 1)
+
+
+def sampling_sweep_compare(base):
+    """A sweep's rows judged setting by setting with `base` (compare_logits_sampling or
+    compare_block_logits: equal rows, or at most 2% explained by a near-boundary decision),
+    on the uniforms each setting used."""
+    def compare(got, want, inputs):
+        batch = inputs["draft_tokens"].shape[0]
+        worst = 0.0
+        for k, (label, (kwargs, counts, temperature)) in enumerate(zip(inputs["labels"], inputs["settings"])):
+            rows = slice(k * batch, (k + 1) * batch)
+            g_part, w_part = (got[0][rows], got[1][rows]), (want[0][rows], want[1][rows])
+            x = dict(target_logits=inputs["target_logits"], draft_logits=inputs["draft_logits"],
+                     draft_tokens=inputs["draft_tokens"], temperature=temperature, num_draft_tokens=counts, **kwargs)
+            x["uniforms"] = effective_uniforms(x, w_part[1])
+            error, problem = base(g_part, w_part, x)
+            if problem:
+                return error, f"{label[0]}: {problem}"
+            worst = max(worst, error or 0.0)
+        return worst, None
+    return compare
+
+
+def logits_sweep(op):
+    from .. import ops
+
+    def call(x, be, setting):
+        kwargs, counts, temperature = setting
+        return getattr(ops, op)(x["target_logits"], x["draft_logits"], x["draft_tokens"], temperature=temperature,
+                                num_draft_tokens=counts, backend=be, **kwargs)
+    return sweep(call, _settings)
+
+
+def logits_settings(x, modes, counts_sets, temperatures):
+    """x with a sweep over every (mode, counts) pair, the temperatures rotated over them."""
+    settings, labels = [], []
+    for i, (label, kwargs) in enumerate(modes):
+        for j, counts in enumerate(counts_sets):
+            t = temperatures[(i + j) % len(temperatures)]
+            settings.append((kwargs, counts, t))
+            labels.append((f"{label} counts={'-' if counts is None else counts.tolist()} "
+                           f"T={'rows' if isinstance(t, torch.Tensor) else t}", None))
+    return {**x, "settings": settings, "labels": labels}
+
+
+def _probs(target, draft, drafts):
+    return dict(target_probs=target, draft_probs=draft, draft_tokens=drafts)
+
+
+# ---------------------------------------------------------------------------------------------
+# The probabilities' edge inputs: inputs(seed, *, device, dtype, profile, <the variant's values>),
+# each a sweep over (randomness mode, counts) settings
+
+def probs_modes(seed, *, device, dtype, profile, batch, g, vocab):
+    """Every randomness mode, without and with ragged counts (0, g, 1, g - 1)."""
+    gen = seeded_generator(device, seed + vocab)
+    target, draft, drafts = random_probs(batch, g, vocab, dtype, gen, device)
+    counts = torch.tensor([0, g, 1, g - 1], device=device).repeat(batch)[:batch].clamp(0, g)
+    x = with_settings(_probs(target, draft, drafts), sampling_modes(batch, g, gen, device), (None, counts))
+    return alternate_ragged(x) if profile == "tiny" else x
+
+
+def probs_edge_rows(seed, *, device, dtype, profile):
+    """The crafted rows (chain_inputs.edge_probs) under every mode, the extreme uniforms, zero / ragged counts."""
+    target, draft, drafts = edge_probs(dtype, device)
+    batch, g = drafts.shape
+    counts = (None, torch.zeros(batch, dtype=torch.int64, device=device),
+              torch.tensor([3, 2, 1, 0, 3, 2, 1, 0, 3], device=device))
+    x = with_settings(_probs(target, draft, drafts),
+                      sampling_modes(batch, g, seeded_generator(device, seed + 12), device, extremes=True), counts)
+    if profile == "tiny":  # every mode without counts, the first four with the zero / ragged counts
+        return keep_settings(x, [k for k in range(len(x["settings"])) if k % 3 == 0 or k < 12])
+    return x
+
+
+def probs_adversarial(seed, *, device, dtype, profile, vocab):
+    target, draft, drafts = adversarial_probs(vocab, dtype, device, vocab + 1)
+    batch, g = drafts.shape
+    ragged_rows = torch.arange(batch, device=device) % (g + 1)
+    x = with_settings(_probs(target, draft, drafts), sampling_modes(batch, g, seeded_generator(device, seed), device),
+                      (None, ragged_rows))
+    return alternate_ragged(x) if profile == "tiny" else x
+
+
+def probs_strided(seed, *, device, dtype, vocab, layout):
+    """Target rows of batch stride (g+3) V (`unaligned`: offset by one element), position-major q,
+    column-major ids, strided counts / uniforms / seeds / offsets (`int32`: int32 ids, counts, seeds, offsets)."""
+    batch, g = 3, 3
+    gen = seeded_generator(device, seed + 2)
+    target, draft, drafts = random_probs(batch, g, vocab, dtype, gen, device)
+    cols = slice(1, vocab + 1) if layout == "unaligned" else slice(0, vocab)
+    big = torch.zeros(batch, g + 3, vocab + 5, dtype=dtype, device=device)
+    big[:, 1:g + 2, cols] = target
+    target = big[:, 1:g + 2, cols]
+    draft = draft.transpose(0, 1).contiguous().transpose(0, 1)  # position-major storage
+    if layout == "int32":
+        drafts = torch.stack([drafts.int(), drafts.int()], dim=-1)[..., 0]  # int32, strides (2g, 2)
+    else:
+        drafts = drafts.t().contiguous().t()  # column-major ids
+    index = torch.int32 if layout == "int32" else torch.int64
+    counts = torch.tensor([3, 0, 1, 2, 2, 0], device=device, dtype=index)[::2]  # strided [3, 1, 2]
+    u = torch.rand(batch, 2 * (g + 1), generator=gen, device=device, dtype=torch.float64)[:, ::2]
+    seeds = torch.randint(0, 2**30, (2 * batch,), generator=gen, device=device)[::2].to(index)
+    offsets = torch.tensor([5, 0, 9, 0, 2**20 if layout == "int32" else 2**33, 0], device=device, dtype=index)[::2]
+    modes = [("strided uniforms", dict(uniforms=u)), ("strided seeds+offsets", dict(seed=seeds, offsets=offsets)),
+             ("int seed, strided offsets", dict(seed=99, offsets=offsets))]
+    return with_settings(_probs(target, draft, drafts), modes, (None, counts))
+
+
+def probs_no_drafts(seed, *, device, dtype, vocab):
+    gen = seeded_generator(device, seed + 3)
+    target, draft, drafts = random_probs(3, 0, vocab, dtype, gen, device)
+    return with_settings(_probs(target, draft, drafts), sampling_modes(3, 0, gen, device))
+
+
+def probs_one_hot(seed, *, device, dtype, vocab):
+    gen = seeded_generator(device, seed + 6)
+    target, _, drafts = random_probs(4, 3, vocab, dtype, gen, device)
+    draft = torch.nn.functional.one_hot(drafts, vocab).to(dtype)  # deterministic (n-gram) drafts
+    return with_settings(_probs(target, draft, drafts), sampling_modes(4, 3, gen, device)[1:3])
+
+
+def probs_hostile(seed, *, device, dtype):
+    p, q, drafts = hostile_block_probs(dtype, device)
+    gen = seeded_generator(device, seed + 13)
+    return with_settings(_probs(p, q, drafts), sampling_modes(5, 3, gen, device)[1:4],
+                         (None, torch.tensor([3, 3, 2, 3, 1], device=device)))
+
+
+def probs_empty(seed, *, device):
+    return with_settings(_probs(torch.rand(0, 3, 10, device=device), torch.rand(0, 2, 10, device=device),
+                                torch.zeros(0, 2, dtype=torch.int64, device=device)),
+                         [("seed", dict(seed=1)), ("uniforms", dict(uniforms=torch.rand(0, 3, device=device)))])
+
+
+def probs_int_seeds(seed, *, device):
+    gen = seeded_generator(device, 5)
+    target, draft, drafts = random_probs(3, 2, 20, F32, gen, device)
+    offsets = torch.tensor([2**32 - 1, 0, -1], device=device)
+    modes = [(f"seed={s}{' +offsets' if o is not None else ''}", dict(seed=s, offsets=o))
+             for s in (0, 1, -1, 2**32, 2**63 - 1, -2**63) for o in (None, offsets)]
+    return with_settings(_probs(target, draft, drafts), modes)
+
+
+def probs_out_of_range(seed, *, device):
+    gen = seeded_generator(device, 4)
+    target, draft, _ = random_probs(4, 3, 40, F32, gen, device)
+    target[..., 0] = 1.0  # an in-range id 0 would be accepted
+    drafts = torch.tensor([[40, 0, 0], [0, 2**40, 0], [0, 0, -7], [-2**62, 0, 0]], device=device)
+    return with_settings(_probs(target, draft, drafts),
+                         [("uniforms", dict(uniforms=torch.rand(4, 4, generator=gen, device=device)))])
+
+
+def probs_empty_residual(seed, *, device, vocab):
+    gen = seeded_generator(device, seed + 9)
+    p = torch.softmax(torch.randn(8, 2, vocab, generator=gen, device=device), -1)
+    p[..., 0] = 0.0
+    return with_settings(_probs(p, p[:, :1].clone(), torch.zeros(8, 1, dtype=torch.int64, device=device)),
+                         [("uniforms", dict(uniforms=torch.rand(8, 2, generator=gen, device=device))),
+                          ("seed", dict(seed=4))])
+
+
+def probs_expanded(seed, *, device, vocab):
+    gen = seeded_generator(device, seed + 7)
+    target, draft, drafts = random_probs(1, 4, vocab, F32, gen, device)
+    return with_settings(_probs(target.expand(3, -1, -1), draft.expand(3, -1, -1), drafts.expand(3, -1).contiguous()),
+                         [("seed", dict(seed=3))])
+
+
+def probs_fuzz(seed, *, device, dtype, batch, g, vocab, special, k):
+    """NaN / inf / 0 / -1 entries and -1 drafts, one randomness mode (rotated), ragged or not."""
+    gen = seeded_generator(device, seed * 31 + k)
+    target, draft, drafts = fuzz_probs(batch, g, vocab, dtype, gen, device, special)
+    modes = sampling_modes(batch, g, gen, device)
+    return with_settings(_probs(target, draft, drafts), [modes[k % 4]], (None, ragged(batch, g, gen, device)))
+
+
+def probs_edge_answers(out, accepted, x):
+    g = x["draft_tokens"].shape[1]
+    row = EDGE_PROBS_ROWS.index
+    nan, no_mass, padding, hot, q_zero = (row(name) for name in ("NaN", "no mass", "-1 padding", "one-hot", "q = 0"))
+    if accepted[nan] != 0 or out[nan, 0] != 0:
+        return "an all-NaN row must reject at 0 and emit id 0"
+    if accepted[no_mass] > 1 or (accepted[no_mass] == 1 and out[no_mass, 1] != 0):
+        return "a row without mass emits id 0"
+    if accepted[padding] > 1:
+        return "-1 padding is never accepted"
+    hot_id = [3, 4, x["target_probs"].shape[-1] - 1, 0][int(accepted[hot])]
+    if int(out[hot, accepted[hot]]) != hot_id:
+        return "a one-hot target row emits its hot id"
+    counts = x["setting"][1]
+    if int(accepted[q_zero]) != (g if counts is None else min(int(counts[q_zero]), g)):
+        return "q == 0 < p accepts every draft"
+    return None
+
+
+def rejects_out_of_range(out, accepted, x):
+    return None if accepted.tolist() == [0, 1, 2, 0] else "num_accepted must be [0, 1, 2, 0]"
+
+
+def draws_from_p(out, accepted, x):
+    return None if bool((accepted == 0).all() & (out[:, 0] > 0).all()) else "must draw from p"
+
+
+# ---------------------------------------------------------------------------------------------
+# The logits' edge inputs: sweeps over (randomness mode, counts, temperature) settings
+
+def _logits(target, draft, drafts):
+    return dict(target_logits=target, draft_logits=draft, draft_tokens=drafts)
+
+
+def logits_modes(seed, *, device, dtype, profile, batch, g, vocab):
+    """Every randomness mode, ragged or not, T 1 / 0.6 / 1.7 / per row, a tenth of the drafts -1."""
+    gen = seeded_generator(device, seed + vocab)
+    t = torch.randn(batch, g + 1, vocab, generator=gen, device=device) * 3
+    q = t[:, :g] + torch.randn(batch, g, vocab, generator=gen, device=device) * 0.7
+    drafts = torch.multinomial(torch.softmax(q.to(dtype).float(), -1).reshape(-1, vocab), 1,
+                               generator=gen).reshape(batch, g)
+    drafts = torch.where(torch.rand(batch, g, generator=gen, device=device) < 0.1, -1, drafts)
+    temps = (1.0, 0.6, 1.7, 0.3 + 2 * torch.rand(batch, generator=gen, device=device))
+    counts = ragged(batch, g, gen, device)
+    x = logits_settings(_logits(t.to(dtype), q.to(dtype), drafts), sampling_modes(batch, g, gen, device),
+                        (None, counts), temps)
+    return alternate_ragged(x) if profile == "tiny" else x
+
+
+ADVERSARIAL_TEMPERATURES = (0.5, 1.0, 2.0, 0.7, 1.3, 1.0, 0.9, 1.1, 3.0, 0.25, 1.0, 0.8, 1.2)  # one per crafted row
+
+
+def logits_adversarial(seed, *, device, dtype, vocab):
+    target, draft, drafts = adversarial_logits(dtype, device, vocab)
+    batch, g = drafts.shape
+    gen = seeded_generator(device, seed + 22)
+    modes = [m for m in sampling_modes(batch, g, gen, device, extremes=True)
+             if m[0] in ("f64 uniforms", "u=1-2^-53", "u=0", "row seeds")]
+    rows = torch.tensor(ADVERSARIAL_TEMPERATURES, device=device)
+    return logits_settings(_logits(target, draft, drafts), modes, (None,), (1.0, rows))
+
+
+def logits_identical(seed, *, device, dtype, vocab):
+    """Identical logits, the first four ids -inf at position 0 and the drafts there."""
+    gen = torch.Generator().manual_seed(31)
+    batch, g = 6, 2
+    target = torch.randn(batch, g + 1, vocab, generator=gen)
+    target[:, 0, :4] = -float("inf")
+    draft = target[:, :g].clone()
+    drafts = torch.stack([torch.arange(batch) % 4, torch.zeros(batch, dtype=torch.int64)], 1)
+    u = torch.rand(batch, g + 1, generator=gen, dtype=torch.float64)
+    return logits_settings(_logits(target.to(dtype).to(device), draft.to(dtype).to(device), drafts.to(device)),
+                           [("f64 uniforms", dict(uniforms=u.to(device)))], (None,), (0.7,))
+
+
+def logits_strided(seed, *, device, dtype, vocab):
+    batch, g = 3, 2
+    gen = seeded_generator(device, seed + 41)
+    big_t = (torch.randn(batch, g + 3, vocab + 1, generator=gen, device=device) * 2).to(dtype)
+    target = big_t[:, 1:g + 2, 1:]  # batch stride (g+3)(V+1), rows offset by one element
+    draft = (target[:, :g].float() + 0.7 * torch.randn(batch, g, vocab, generator=gen, device=device)).to(dtype)
+    draft = draft.transpose(0, 1).contiguous().transpose(0, 1)  # position-major
+    drafts = torch.multinomial(torch.softmax(draft.float(), -1).reshape(-1, vocab), 1,
+                               generator=gen).reshape(batch, g).t().contiguous().t()
+    temps = torch.tensor([0.5, 0.0, 1.5, 0.0, 1.0, 0.0], device=device)[::2]  # strided per-row temperatures
+    counts = torch.tensor([2, 9, 1, 9, 0, 9], device=device)[::2]
+    seeds = torch.tensor([5, 0, 6, 0, 7, 0], device=device)[::2]
+    u = torch.rand(batch, 2 * (g + 1), generator=gen, device=device)[:, ::2]
+    return logits_settings(_logits(target, draft, drafts),
+                           [("strided row seeds", dict(seed=seeds)), ("strided f32 uniforms", dict(uniforms=u))],
+                           (counts, None), (temps, 0.8))
+
+
+def logits_no_drafts(seed, *, device, vocab):
+    gen = seeded_generator(device, seed + 3)
+    t = torch.randn(3, 1, vocab, generator=gen, device=device).to(torch.float16)
+    return logits_settings(_logits(t, t[:, :0], torch.zeros(3, 0, dtype=torch.int64, device=device)),
+                           sampling_modes(3, 0, gen, device), (None,), (0.8, 1.3))
+
+
+def logits_empty(seed, *, device):
+    return logits_settings(_logits(torch.rand(0, 3, 10, device=device), torch.rand(0, 2, 10, device=device),
+                                   torch.zeros(0, 2, dtype=torch.int64, device=device)),
+                           [("seed", dict(seed=1))], (None,), (1.0,))
+
+
+def logits_adversarial_answers(out, accepted, x):
+    g = x["draft_tokens"].shape[1]
+    row = ADVERSARIAL_LOGITS_ROWS.index
+    nan, inf, no_mass, same, nan_q, no_q = (row(name) for name in ("NaN target", "+inf target", "all -inf target",
+                                                                    "p == q, a -inf draft", "NaN q", "all -inf q"))
+    nan_bonus, half = row("NaN bonus row"), row("-inf second half")
+    checks = [(accepted[nan] == 0 and out[nan, 0] == 0, "a NaN target row rejects and emits id 0"),
+              (accepted[inf] == 1 and out[inf, 1] == 0, "+inf at position 1: an all-NaN row emits id 0"),
+              (accepted[no_mass] == 0 and out[no_mass, 0] == 0, "an all -inf target row emits id 0"),
+              (accepted[same] == 1, "p == q accepts, p = q = 0 rejects"),
+              (accepted[nan_q] == 0 and accepted[no_q] == 0, "NaN q rows reject"),
+              (accepted[nan_bonus] == g and out[nan_bonus, g] == 0, "an all-NaN bonus row emits id 0"),
+              (accepted[half] == 0 and 0 <= int(out[half, 0]) < x["target_logits"].shape[-1] // 2,
+               "the residual only where p > 0")]
+    for ok, message in checks:
+        if not bool(ok):
+            return message
+    return None
+
+
+def identical_answers(out, accepted, x):
+    return None if accepted.tolist() == [0] * 6 and bool((out[:, 0] >= 4).all()) else \
+        "must reject and draw from p (ids >= 4)"
+
+
+def no_drafts_answers(out, accepted, x):
+    return None if accepted.tolist() == [0, 0, 0] else "no drafts"
+
+
+# ---------------------------------------------------------------------------------------------
+# The tables: (dtypes, sections of Edges); None: the variants pick the dtype
+
+def _shapes(tiers, key, profile, dtype):
+    return [dict(batch=batch, g=g, vocab=vocab) for batch, g, vocab in tiers[key][profile]]
+
+
+def adversarial_variants(profile, dtype):
+    """Under the interpreter: float32 only."""
+    vocabs = TIERS["adversarial"][profile] if profile != "tiny" or dtype == F32 else ()
+    return [dict(vocab=vocab) for vocab in vocabs]
+
+
+def probs_strided_variants(profile, dtype):
+    return [dict(vocab=TIERS["strided"][profile], layout=layout) for layout in ("sliced", "unaligned", "int32")]
+
+
+def probs_fuzz_variants(profile, dtype):
+    """Each fuzz shape in one dtype (rotating); the block kernel under the interpreter on the first two."""
+    return [dict(dtype=DTYPES[k % len(DTYPES)], batch=batch, g=g, vocab=vocab, special=special, k=k, block_on_cpu=k < 2)
+            for k, (batch, g, vocab, special) in enumerate(TIERS["probs fuzz"][profile])]
+
+
+def logits_mode_variants(profile, dtype):
+    shapes = TIERS["logits modes"][profile]
+    if profile == "tiny":
+        shapes = shapes[DTYPES.index(dtype):][:1]
+    return [dict(batch=batch, g=g, vocab=vocab) for batch, g, vocab in shapes]
+
+
+STRIDED = "{layout} target rows, position-major q, strided ids / counts / randomness V={vocab}"
+HOSTILE = "hostile rows (p == q, no mass, NaN, inf q, one-hot q, -0.0 q, -1, id >= V; the backend itself)"
+FUZZ_NAME = "fuzz B={batch} g={g} V={vocab} specials={special}"
+
+PROBS_EDGES = [
+    (DTYPES, [
+        Section(variants=functools.partial(_shapes, TIERS, "probs modes"), rows=(
+            Edge("every mode x ragged B={batch} g={g} V={vocab}", probs_modes),)),
+        Section(variants=tiered(TIERS, "edge rows", "edge_name"), rows=(
+            Edge("{edge_name}", probs_edge_rows, known=probs_edge_answers, block_on_cpu=False),)),
+        Section(variants=adversarial_variants, rows=(
+            Edge("adversarial rows, ids -1 / >= V / < -1 (the backend itself) V={vocab}", probs_adversarial,
+                 direct=True, block_on_cpu=False),)),
+        Section(variants=probs_strided_variants, rows=(Edge(STRIDED, probs_strided),)),
+        Section(variants=tiered(TIERS, "small"), rows=(
+            Edge("g=0 V={vocab}", probs_no_drafts),
+            Edge("one-hot draft rows (n-gram drafts) V={vocab}", probs_one_hot))),
+        Section(rows=(Edge(HOSTILE, probs_hostile, direct=True),))]),
+    ((F32,), [
+        Section(rows=(
+            Edge("B=0", probs_empty),
+            Edge("int seeds Triton would specialise (1) or that need both key words", probs_int_seeds,
+                 block_on_cpu=False),
+            Edge("ids >= V or < -1 read nothing and reject (the backend itself)", probs_out_of_range,
+                 known=rejects_out_of_range, direct=True))),
+        Section(variants=tiered(TIERS, "empty residual"), rows=(
+            Edge("p == q, draft on a zero-probability id: an empty residual draws from p", probs_empty_residual,
+                 known=draws_from_p, block_on_cpu=False),)),
+        Section(variants=tiered(TIERS, "expanded"), rows=(Edge("expanded (stride 0) batch", probs_expanded),))]),
+    ((None,), [Section(variants=probs_fuzz_variants, rows=(Edge(FUZZ_NAME, probs_fuzz),))]),
+]
+
+LOGITS_EDGES = [
+    (DTYPES, [
+        Section(variants=logits_mode_variants, rows=(
+            Edge("every mode x ragged x T 1 / 0.6 / 1.7 / per row, -1 drafts B={batch} g={g} V={vocab}",
+                 logits_modes),)),
+        Section(variants=tiered(TIERS, "logits adversarial"), rows=(
+            Edge("adversarial rows (NaN / inf / -inf / huge / p == q / NaN q / NaN bonus)", logits_adversarial,
+                 known=logits_adversarial_answers),)),
+        Section(variants=tiered(TIERS, "identical"), rows=(
+            Edge("identical logits, drafts on -inf ids: an empty residual draws from p", logits_identical,
+                 known=identical_answers),)),
+        Section(variants=tiered(TIERS, "logits strided"), rows=(
+            Edge("strided / unaligned logits, position-major q, column-major ids, strided T / counts / seeds",
+                 logits_strided),))]),
+    ((torch.float16,), [Section(variants=tiered(TIERS, "small"), rows=(
+        Edge("g=0", logits_no_drafts, known=no_drafts_answers),))]),
+    ((F32,), [Section(rows=(Edge("B=0", logits_empty),))]),
+]
+
+
+def _block_runs(edge_on_cpu, profile, block_on_cpu=None):
+    """The block kernel runs an edge on a GPU, and under the interpreter unless the edge (or its variant) says not."""
+    return profile != "tiny" or (edge_on_cpu if block_on_cpu is None else block_on_cpu)
+
+
+def probs_rows(op, edges, block=False):
+    """`edges` (PROBS_EDGES) as `op`'s table: exact outputs and their structure; the sampling op's known
+    answers, or (`block`) the block kernel's edges under the interpreter."""
+    def row(edge):
+        checks = (PROBS_STRUCTURE, chunked(edge.known)) if edge.known and not block else (PROBS_STRUCTURE,)
+        when = functools.partial(_block_runs, edge.block_on_cpu) if block else None
+        return Row(op, edge.name, edge.build, probs_sweep(op, edge.direct), EXACT, checks, when=when)
+    return [(dtypes, [Section(tuple(map(row, s.rows)), s.variants) for s in sections]) for dtypes, sections in edges]
+
+
+def logits_rows(op, edges, base_compare, block=False):
+    """`edges` (LOGITS_EDGES) as `op`'s table: each setting judged by base_compare on the uniforms it
+    used, the structure; the sampling op's known answers (not the block op's)."""
+    def row(edge):
+        checks = (LOGITS_STRUCTURE, chunked(edge.known)) if edge.known and not block else (LOGITS_STRUCTURE,)
+        return Row(op, edge.name, edge.build, logits_sweep(op), sampling_sweep_compare(base_compare), checks)
+    return [(dtypes, [Section(tuple(map(row, s.rows)), s.variants) for s in sections]) for dtypes, sections in edges]
+
+
+def run_rejection_sample(x, be):
+    from .. import ops
+
+    return ops.rejection_sample(**x, backend=be)
+
+
+def run_seeded_rejection_sample(x, be):
+    from .. import ops
+
+    return ops.rejection_sample(**x, seed=1234, backend=be)
+
+
+def run_rejection_sample_logits(x, be):
+    from .. import ops
+
+    return ops.rejection_sample_logits(**x, backend=be)
+
+
+RANDOM = [((None,), [Section(variants=random_shape_variants, rows=(
+    Row("rejection_sample", "{shape} uniforms{suffix}", probs_inputs, run_rejection_sample, EXACT),
+    Row("rejection_sample", "{shape} seed+offsets{suffix}", seeded_probs_inputs, run_seeded_rejection_sample, EXACT),
+    Row("rejection_sample_logits", "{shape} T=0.8 uniforms{suffix}", sampling_logits_inputs,
+        run_rejection_sample_logits, compare_logits_sampling)))])]
+
+
+def rejection_sampling_cases(profile, device):
+    """rejection_sample and rejection_sample_logits: the random shapes, then the edges."""
+    edges = probs_rows("rejection_sample", PROBS_EDGES) + logits_rows("rejection_sample_logits", LOGITS_EDGES,
+                                                                       compare_logits_sampling)
+    return catalog(RANDOM, edges, profile, device)

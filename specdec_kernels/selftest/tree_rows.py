@@ -1,0 +1,262 @@
+"""Crafted tree verification rows: each row of a batch one edge case with a known answer (zero /
+NaN / inf / negative / one-hot / duplicate rows, greedy ties), long chains of rejected siblings,
+the exact int64 residual, and the adversarial logit / probability rows of the GPU-size cases.
+Rows are named: a crafted row's index is looked up by its name, never written as a number."""
+
+import torch
+
+from .tree_inputs import make_tree
+
+INF, NAN = float("inf"), float("nan")
+FIRST_LEVEL = 1  # the column of accepted_nodes holding the node accepted below the root
+FIRST_EMITTED = 0  # the column of output_tokens holding the first emitted token
+EDGE_PARENTS = [-1, 0, 0, 0, 1, 1, 2, -1]  # three root children, two grandchildren under 1, one under 2, an unused slot
+
+
+# ---------------------------------------------------------------------------- tree_rejection_sample edge rows
+# Each craft edits row b of (target, draft, tokens) in place; the rows are independent.
+
+def _p_equals_q_on_zero_mass(target, draft, tokens, parents, b, dtype):
+    """p == q for every child and tokens on a zero-mass id: rejected, empty residual -> draw from p."""
+    target[b, :, 5] = 0.0
+    draft[b] = target[b, parents[b].clamp(min=0)]
+    tokens[b, 1:7] = 5
+
+
+def _q_zero_below_p(target, draft, tokens, parents, b, dtype):
+    """q == 0 < p at the drafted tokens: the first child is accepted whatever the coin."""
+    draft[b, :, 9] = 0.0
+    target[b, :, 9] = 0.25
+    tokens[b, 1:7] = 9
+
+
+def _zero_target_root(target, draft, tokens, parents, b, dtype):
+    """All-zero target row at the root: every child rejected, residual and p empty -> id 0."""
+    target[b, 0] = 0.0
+
+
+def _nan_target_root(target, draft, tokens, parents, b, dtype):
+    """NaN target at the root, NaN / inf in the children's q."""
+    target[b, 0] = NAN
+    draft[b, 1, ::3] = NAN
+    draft[b, 2, 4] = INF
+    draft[b, 3, :] = -INF
+
+
+def _rejected_then_inf_q(target, draft, tokens, parents, b, dtype):
+    """The first child rejected (p(x) = 0); the second child's q has +inf at its token and NaN entries."""
+    target[b, 0, tokens[b, 1]] = 0.0
+    draft[b, 2, tokens[b, 2]] = INF
+    draft[b, 2, 1::4] = NAN
+
+
+def _one_hot_top_k(target, draft, tokens, parents, b, dtype):
+    """One-hot target, distinct deterministic drafts with one-hot q (top-k siblings): the third hits."""
+    target[b] = 0.0
+    target[b, :, 17] = 1.0
+    draft[b] = 0.0
+    draft[b, torch.arange(1, 7), torch.tensor([3, 4, 17, 17, 2, 17])] = 1.0
+    tokens[b, 1:7] = torch.tensor([3, 4, 17, 17, 2, 17])
+
+
+def _padding_tokens(target, draft, tokens, parents, b, dtype):
+    """-1 tokens on used nodes (rejected, the residual still updated) and an all-zero q row."""
+    tokens[b, 1] = -1
+    tokens[b, 3] = -1
+    draft[b, 2] = 0.0
+
+
+def _negative_subnormal(target, draft, tokens, parents, b, dtype):
+    """Negative values, subnormals and a residual with mass only at the last id."""
+    vocab = target.shape[-1]
+    target[b, 0] = 0.0
+    target[b, 0, vocab - 1] = 0.5
+    target[b, 0, 3] = -0.5
+    target[b, 1, 20:30] = 1e-30 if dtype == torch.float32 else 1e-7
+    draft[b, 1:4] = 0.01
+
+
+def _duplicate_siblings(target, draft, tokens, parents, b, dtype):
+    """Duplicate tokens among siblings; +inf entries in p at drafted tokens and in a bonus row."""
+    tokens[b, 1:4] = tokens[b, 1]
+    draft[b, 1:4] = draft[b, 1]
+    target[b, 0, tokens[b, 1]] = INF
+    target[b, 1, tokens[b, 4]] = INF
+    target[b, 4, 30:33] = INF
+
+
+EDGE_ROWS = (("p == q on a zero-mass id", _p_equals_q_on_zero_mass), ("q == 0 < p", _q_zero_below_p),
+             ("zero target root", _zero_target_root), ("NaN target root", _nan_target_root),
+             ("rejected, then +inf q", _rejected_then_inf_q), ("one-hot top-k", _one_hot_top_k),
+             ("padding tokens", _padding_tokens), ("negative and subnormal", _negative_subnormal),
+             ("duplicate siblings", _duplicate_siblings))
+EDGE_ROW = {name: b for b, (name, _) in enumerate(EDGE_ROWS)}
+
+
+def edge_rows(dtype):
+    """One crafted row per edge case of tree_rejection_sample (V = 40, N = 8, a row per EDGE_ROWS)."""
+    vocab, n, batch = 40, len(EDGE_PARENTS), len(EDGE_ROWS)
+    gen = torch.Generator().manual_seed(11)
+    parents = torch.tensor([EDGE_PARENTS] * batch)
+    target, draft, tokens, _ = make_tree(batch, n, vocab, torch.float32, gen, parents=parents)
+    target, draft = target.clone(), draft.clone()
+    for b, (_, craft) in enumerate(EDGE_ROWS):
+        craft(target, draft, tokens, parents, b, dtype)
+    return dict(target_probs=target.to(dtype), draft_probs=draft.to(dtype), tree_tokens=tokens, parents=parents)
+
+
+def edge_rows_answer(got, x):
+    """What the crafted rows must give (every backend, every randomness mode)."""
+    out, accepted, nodes = (t.cpu() for t in got)
+    target = x["target_probs"].cpu()
+    first, level, row = FIRST_EMITTED, FIRST_LEVEL, EDGE_ROW
+    zero_mass = row["p == q on a zero-mass id"]
+    return (nodes[row["q == 0 < p"], level] == 1 and out[row["q == 0 < p"], first] == 9
+            and accepted[row["zero target root"]] == 0 and out[row["zero target root"], first] == 0
+            and accepted[row["NaN target root"]] == 0 and out[row["NaN target root"], first] == 0
+            and nodes[row["one-hot top-k"], level] == 3 and out[row["one-hot top-k"], first] == 17
+            and accepted[zero_mass] == 0 and bool(target[zero_mass, 0, out[zero_mass, first]] > 0)
+            and nodes[row["duplicate siblings"], level:].tolist() == [1, 4])
+
+
+# ---------------------------------------------------------------------------- tree_greedy_verify edge rows
+
+GREEDY_ROWS = ("tie at the root", "NaN root", "all -inf root, all-NaN child", "two +inf at the root",
+               "no child can match")
+GREEDY_ROW = {name: b for b, name in enumerate(GREEDY_ROWS)}
+
+
+def greedy_edge_rows():
+    """Ties (lowest id wins), NaN (never wins), all -inf / all NaN (id 0), +inf, -1 tokens."""
+    vocab, batch, row = 30, len(GREEDY_ROWS), GREEDY_ROW
+    parents = torch.tensor([EDGE_PARENTS] * batch)
+    logits = torch.randn(batch, len(EDGE_PARENTS), vocab, generator=torch.Generator().manual_seed(13))
+    tokens = torch.full((batch, len(EDGE_PARENTS)), 2)
+    tie, nan, low, inf = row["tie at the root"], row["NaN root"], row["all -inf root, all-NaN child"], \
+        row["two +inf at the root"]
+    logits[tie, 0, 4] = logits[tie, 0, 7] = logits[tie, 0, 20] = 50.0  # 4 wins
+    tokens[tie, 1:4] = torch.tensor([7, 4, 4])  # the second child matches (first in index order)
+    logits[nan, 0] = NAN
+    logits[nan, 0, 6] = 1.0  # NaN never wins over a number
+    tokens[nan, 1:4] = torch.tensor([0, -1, 6])
+    logits[low, 0] = -INF  # all -inf: id 0
+    tokens[low, 1:4] = torch.tensor([-1, 0, 0])
+    logits[low, 1] = NAN  # all NaN: id 0
+    logits[inf, 0, 11] = INF
+    logits[inf, 0, 12] = INF
+    tokens[inf, 1:4] = torch.tensor([12, 11, 3])
+    tokens[row["no child can match"], 1:4] = -1
+    return logits, tokens, parents
+
+
+def greedy_edge_answer(got, x):
+    out, accepted, nodes = (t.cpu() for t in got)
+    level, row = FIRST_LEVEL, GREEDY_ROW
+    return (nodes[row["tie at the root"], level] == 2 and nodes[row["NaN root"], level] == 3
+            and nodes[row["all -inf root, all-NaN child"], level] == 2
+            and nodes[row["two +inf at the root"], level] == 2
+            and out[row["all -inf root, all-NaN child"], FIRST_EMITTED] == 0
+            and accepted[row["no child can match"]] == 0)
+
+
+# ---------------------------------------------------------------------------- rejected siblings, exact residual
+
+def many_rejected_siblings():
+    """Root: 9 children, the first 7 rejected whatever their coins (p(x) = 0), with NaN / +inf /
+    -inf / all-zero entries in their q rows, then one accepted through the residual rule (q(x) = 0 <
+    R(x)). Node 8: 4 children (fewer ranks than the root used: rank-table entries must not leak),
+    all rejected, then the draw from the residual."""
+    vocab, batch = 50, 3
+    gen = torch.Generator().manual_seed(41)
+    parents = torch.tensor([[-1] + [0] * 9 + [8] * 4] * batch)
+    n = parents.shape[1]
+    target = torch.softmax(torch.randn(batch, n, vocab, generator=gen), -1)
+    draft = torch.softmax(torch.randn(batch, n, vocab, generator=gen), -1)
+    tokens = torch.randint(0, vocab, (batch, n), generator=gen)
+    tokens[:, 1:8] = torch.arange(1, 8)
+    target[:, 0, 1:8] = 0.0
+    draft[:, 2, ::5] = NAN
+    draft[:, 3, 10] = INF
+    draft[:, 4, 11:13] = -INF
+    draft[:, 5] = 0.0
+    draft[:, 1:9, 31] = 0.0
+    tokens[:, 8] = 31
+    target[:, 0, 31] = 0.5
+    tokens[:, 10:13] = torch.tensor([40, 41, 42])
+    target[:, 8, 40:43] = 0.0
+    tokens[:, 13] = 43
+    target[:, 8, 43] = 0.0
+    return dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents), gen
+
+
+def exact_residual_row(accept_side):
+    """The later-sibling rule compares (u * q(x)) * S with the exact int64 R(x) (in float64). After
+    two rejections R(x) needs more than 24 bits; the third child's coin puts (u * q(x)) * S between
+    float32(R(x)) and R(x) (or below both), where rounding R(x) through float32 decides otherwise.
+    Returns the inputs and the node the first level must accept (3 or -1)."""
+    from ..common.sampling import to_weights
+
+    vocab = 16
+    gen = torch.Generator().manual_seed(31)
+    parents = torch.tensor([[-1, 0, 0, 0]])
+    target = torch.softmax(torch.randn(1, 4, vocab, generator=gen), -1)
+    draft = torch.softmax(torch.randn(1, 4, vocab, generator=gen), -1)
+    tokens = torch.tensor([[0, 3, 4, 5]])
+    target[0, 0, 3:5] = 0.0
+    draft[0, 2, 5] = 0.01
+    draft[0, 3] *= 0.1
+    draft[0, 3, 5] = 0.9
+    r_1 = to_weights(target[0, 0] - draft[0, 1])
+    s_1 = float(r_1.sum())
+    r_2 = (r_1 - torch.floor(s_1 * draft[0, 2].double()).to(torch.int64)).clamp(min=0)
+    total, r_x, q_x = int(r_2.sum()), int(r_2[5]), float(draft[0, 3, 5])
+    r_32 = float(torch.tensor(float(r_x), dtype=torch.float64).float())
+    assert r_32 != r_x and r_x > 0
+    lo, hi = sorted((r_32, float(r_x)))
+    goal = lo - (hi - lo) if accept_side else (lo + hi) / 2
+    u = torch.tensor([[0.5, 0.25, 0.75, goal / (q_x * total)]], dtype=torch.float64)
+    product = (u[0, 3].item() * q_x) * total
+    assert (product < lo) if accept_side else (lo < product < hi)
+    x = dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents, uniforms=u)
+    return x, (3 if (accept_side or r_32 < r_x) else -1)
+
+
+
+# ---------------------------------------------------------------------------- GPU-size adversarial rows
+
+def special_logit_rows(vocab):
+    base = -5.0 - torch.arange(vocab, dtype=torch.float32) / vocab
+    rows = []
+    r = base.clone(); r[vocab - 1] = 10.0; rows.append(r)  # noqa: E702 - max at the last index
+    r = base.clone(); r[vocab // 2:] = 10.0; rows.append(r)  # noqa: E702 - tie over every later chunk
+    rows.append(torch.full((vocab,), 1.5))  # constant -> 0
+    rows.append(torch.full((vocab,), NAN))  # all NaN -> 0
+    rows.append(torch.full((vocab,), -INF))  # all -inf -> 0
+    r = base.clone(); r[0] = NAN; r[vocab // 3] = INF; r[vocab - 1] = INF; rows.append(r)  # noqa: E702 - first +inf
+    r = torch.full((vocab,), -1.0); r[1] = -0.0; r[2] = 0.0; rows.append(r)  # noqa: E702 - -0 ties +0
+    r = base.clone(); r[4095] = 7.0; r[4096] = 7.0; rows.append(r)  # noqa: E702 - tie across a chunk edge
+    return rows
+
+
+def adversarial_prob_rows(vocab, gen):
+    """(p row, q row for the child, token) triples hitting every fallback of the spec."""
+    p = torch.softmax(torch.randn(vocab, generator=gen) * 2, -1)
+    q = torch.softmax(torch.randn(vocab, generator=gen) * 2, -1)
+    top = int(p.argmax())
+    cases = [(p, q, top), (p, p.clone(), top)]
+    z = q.clone(); z[top] = 0.0; cases.append((p, z, top))  # noqa: E702
+    cases.append((torch.zeros(vocab), q, top))
+    cases.append((torch.zeros(vocab), torch.zeros(vocab), 5))
+    n = p.clone(); n[top] = NAN; cases.append((n, q, top))  # noqa: E702
+    cases.append((torch.full((vocab,), NAN), q, top))
+    i = p.clone(); i[vocab // 2] = INF; cases.append((i, q, vocab // 2))  # noqa: E702
+    cases.append((p, torch.full((vocab,), NAN), top))
+    cases.append((p, torch.full((vocab,), INF), top))
+    neg = q.clone(); neg[::2] = -INF; cases.append((p, neg, top))  # noqa: E702
+    cases.append((torch.full((vocab,), INF), q, 3))
+    cases.append((p * 3.0, q, top))
+    cases.append((p, q, -1))
+    cases.append((p, q, vocab))
+    t = torch.zeros(vocab); t[[7, vocab - 1]] = 0.5; cases.append((t, q, vocab - 1))  # noqa: E702
+    return cases
+
