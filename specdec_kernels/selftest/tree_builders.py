@@ -335,20 +335,30 @@ def sampled_star(mode, block_v):
                 **modes[mode])
 
 
+# The odd root distributions of the sampled-sibling rows, one batch row each, in this order:
+# (what it is, the side it poisons, the value written over the root's whole row; +inf: its first ids)
+ODD_ROOTS = (("NaN p", "p", NAN), ("NaN q", "q", NAN), ("zero p", "p", 0.0), ("zero q", "q", 0.0),
+             ("+inf q", "q", INF))
+
+
+def _odd_roots(target, draft, inf_width):
+    """Row i's root (node 0) gets ODD_ROOTS[i]; +inf fills the first `inf_width` ids only."""
+    for row, (_, side, value) in enumerate(ODD_ROOTS):
+        probs = target if side == "p" else draft
+        probs[row, 0, :inf_width if value == INF else None] = value
+
+
 @crafted
 def sampled_odd_rows(mode):
-    """Rows 0-5 each with one odd root row (NaN p, NaN q, zero p, zero q, +inf q, -inf p), repeats."""
+    """One row per ODD_ROOTS entry, then a row with -inf in p and q above 1 at the root; repeats."""
     gen = torch.Generator().manual_seed(3)
-    target, draft, tokens, parents = sampled_tree(6, 7, 19, torch.float32, gen, odd_frac=0.3)
-    target[0, 0] = NAN
-    draft[1, 0] = NAN
-    target[2, 0] = 0.0
-    draft[3, 0] = 0.0
-    draft[4, 0, :5] = INF
-    target[5, 0, :5] = -INF
-    draft[5, 0, 5:9] = 2.0
+    target, draft, tokens, parents = sampled_tree(len(ODD_ROOTS) + 1, 7, 19, torch.float32, gen, odd_frac=0.3)
+    _odd_roots(target, draft, inf_width=5)
+    minus_inf_row = len(ODD_ROOTS)
+    target[minus_inf_row, 0, :5] = -INF
+    draft[minus_inf_row, 0, 5:9] = 2.0
     tokens[:, 2] = tokens[:, 1]  # a repeated sibling where both hang off one parent
-    modes = {"high uniforms64": dict(uniforms=high_coins(6, 7, gen)), "seed": dict(seed=11)}
+    modes = {"high uniforms64": dict(uniforms=high_coins(len(ODD_ROOTS) + 1, 7, gen)), "seed": dict(seed=11)}
     return dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents, siblings=WR,
                 **modes[mode])
 
@@ -435,13 +445,10 @@ def adversarial_sampling(seed, device, dtype, vocab, mode):
 
 
 def _odd_sampled_rows(target, draft, tokens):
-    """NaN / inf / zero rows at the root and a repeated sibling (rows 0-5 each one of them)."""
-    target[0, 0] = NAN
-    draft[1, 0] = NAN
-    target[2, 0] = 0.0
-    draft[3, 0] = 0.0
-    draft[4, 0, :100] = INF
-    tokens[5, 2] = tokens[5, 1]
+    """One row per ODD_ROOTS entry, then a row whose second child repeats the first."""
+    _odd_roots(target, draft, inf_width=100)
+    repeat_row = len(ODD_ROOTS)
+    tokens[repeat_row, 2] = tokens[repeat_row, 1]
 
 
 def _shared_or_top_k_drafts(target, draft, tokens, parents, gen):
