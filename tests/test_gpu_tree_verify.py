@@ -25,7 +25,7 @@ pytestmark = CUDA_KERNEL_MARKS
 from specdec_kernels import ops  # noqa: E402
 from specdec_kernels.reference import chain_parents  # noqa: E402
 from specdec_kernels.common.sampling import safe_argmax  # noqa: E402
-from specdec_kernels.selftest.tree_inputs import biased_parents, garbage_tokens  # noqa: E402
+from specdec_kernels.selftest.tree_inputs import biased_parents, garbage_tokens, gpu_randomness  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DTYPE_IDS = lambda d: str(d).split(".")[-1]  # noqa: E731
@@ -57,16 +57,10 @@ def probs_pair(B, N, V, cgen, sharp=2.0):
     return target, draft
 
 
-def randomness(mode, B, N, gen, device="cuda"):
-    """kwargs of the randomness argument of tree_rejection_sample."""
-    if mode == "uniforms32":
-        return {"uniforms": torch.rand(B, N, generator=gen).to(device)}
-    if mode == "uniforms64":
-        return {"uniforms": torch.rand(B, N, generator=gen, dtype=torch.float64).to(device)}
-    offsets = torch.randint(0, 5000, (B,), generator=gen).to(device)
-    if mode == "seed":
-        return {"seed": int(torch.randint(-(2**62), 2**62, (1,), generator=gen)), "offsets": offsets}
-    return {"seed": torch.randint(-(2**62), 2**62, (B,), generator=gen).to(device), "offsets": offsets}
+def randomness(mode, B, N, gen):
+    """kwargs of the randomness argument of tree_rejection_sample: the catalog's draws (this file's
+    mode "seed" is the catalog's "seed+offsets"; any other unknown mode, per-row seeds)."""
+    return gpu_randomness("seed+offsets" if mode == "seed" else mode, B, N, gen, "cuda")
 
 
 def assert_same(got, want):

@@ -11,6 +11,7 @@ follows the target's (standardised) distribution. The options, and why the defau
 docs/strategies/speculative.md.
 """
 
+import abc
 import math
 
 import torch
@@ -61,9 +62,10 @@ class SpeculativeDecoder(TwoModelStrategy):
         self.tree = draft_tree.tree_shape(self.g, tree_topk, tree_nodes)
         self.check_options(verification, tree_siblings)
 
+    @abc.abstractmethod
     def check_options(self, verification: str | None, tree_siblings: str | None) -> None:
-        """The options of one form only, checked against the others (each subclass)."""
-        raise NotImplementedError
+        """The options of one form only, checked against the others; sets verification, tree_siblings
+        and max_width."""
 
     def start(self, engine: Engine) -> None:
         self.g = self.initial_g
@@ -89,9 +91,6 @@ class ChainSpeculative(SpeculativeDecoder):
         if verification == "block" and self.lenience != 1:
             check.fail(OP, f"`lenience` < 1 needs verification='token' (block verification is exact; got "
                            f"{self.lenience})")
-        if tree_siblings is not None and tree_siblings not in draft_tree.SIBLINGS:
-            check.fail(OP, f"`tree_siblings` must be one of {', '.join(map(repr, draft_tree.SIBLINGS))} "
-                           f"(got {tree_siblings!r})")
         if tree_siblings is not None:
             check.fail(OP, "`tree_siblings` applies to token trees (tree_topk > 1 or tree_nodes != num_draft_tokens)")
         self.verification, self.tree_siblings, self.max_width = verification, DEFAULT_TREE_SIBLINGS, self.g_max
