@@ -5,7 +5,9 @@ graph replay; each target's figure lives here and in its rows, never in an asser
   verify     rejection_sample_logits B=1 (target <= 25 us), tree_rejection_sample B=1 with both sibling rules
              (<= 30 us): the verify section times B=1 at V=151936 (its B=64 rows are at the targets' shape:
              rejection_sample_logits <= 85 us, tree_rejection_sample <= 80 us, tree_greedy_verify Triton
-             within 1.3x of CUDA, rejection_sample >= 50% of its bound)
+             within 1.3x of CUDA, rejection_sample >= 50% of its bound); then CUDA tree_rejection_sample with
+             each form forced (SPECDEC_TREE_FORM: the sm_90 cluster form and the work-stealing split form) at
+             B 1 and 64, both sibling rules
   exit       early_exit_topk at B=64 (H 4096, V 128256) beside torch.topk(lm_head(norm(h))), the torch backend
              that `auto` takes there, and `auto` itself at B 1, 8, 64 (target: faster than the baseline at
              every B, >= 60% of the weight-read bound at B <= 8)
@@ -14,9 +16,12 @@ graph replay; each target's figure lives here and in its rows, never in an asser
   host       every op's host path per eager call on CUDA tensors, kernels stubbed, and kv_compact at 32
              layers with its kernels launched (bench/host_overhead.py; target <= 30 us)
 
-    python bench/gpu_probe.py --sections targets --out probe.jsonl    # only these rows (~30 s on an H100, an
-                                                                      # estimate: ~20 rows at ~1 s, compiles)
+    python bench/gpu_probe.py --sections targets --out probe.jsonl    # only these rows (~40 s on an H100, an
+                                                                      # estimate: ~28 rows at ~1 s, compiles)
 """
+
+import contextlib
+import os
 
 import torch
 
@@ -34,6 +39,10 @@ VERIFY = {  # (op, B, g, V, target)
     "dry": (("rejection_sample_logits", 1, 2, 50, "B=1 <= 25 us"), ("tree_rejection_sample", 1, 2, 50, "B=1 <= 30 us"),
             ("tree_rejection_sample_wr", 1, 2, 50, "B=1 <= 30 us")),
 }
+# The CUDA tree_rejection_sample kernel has two forms (cuda/tree_verify.py): the sm_90 cluster form, which the
+# plan picks there, and the work-stealing split form; each is timed forced, at both target batches.
+TREE_FORMS = ("split", "cluster")
+TREE_FORM_ROWS = {"gpu": ((1, "B=1 <= 30 us"), (64, "B=64 <= 80 us")), "dry": ((1, "B=1 <= 30 us"),)}
 EXIT = {"gpu": (4096, 128256, 64, (1, 8, 64)), "dry": (64, 200, 3, (1, 3))}  # H, V, the new B, the B of `auto`
 EXIT_TARGET = "faster than torch.topk(lm_head(norm(h))) at B 1/8/64; >= 60% of the bound at B <= 8"
 ATTENTION = {"gpu": ((8, 4096, 8), (32, 4096, 8), (32, 4096, 32)), "dry": ((3, 40, 5),)}  # B, P, N
@@ -57,6 +66,7 @@ def target_rows(probe, device: torch.device, dtype: torch.dtype, bandwidth) -> N
             probe.run("targets", {"target": f"{op} {target}", "op": op, "B": batch, "g": g, "V": vocab,
                                   "backend": backend},
                       lambda: bv.measure(case, backend, repeats, bandwidth, flush_bytes=flush))
+    tree_form_rows(probe, device, dtype, bandwidth, flush, repeats)
     hidden, vocab, batch, auto_batches = EXIT[probe.mode]
     exit_cases = [(batch, backend) for backend in (*bx.backends_for(device), "torch")]
     exit_cases += [(b, "auto") for b in auto_batches]
@@ -74,3 +84,32 @@ def target_rows(probe, device: torch.device, dtype: torch.dtype, bandwidth) -> N
             return
         for row in ba.measure(case, impls, 100 if device.type == "cuda" else 2, bandwidth):
             probe.write({"section": "targets", **label, **row})
+
+
+def tree_form_rows(probe, device: torch.device, dtype: torch.dtype, bandwidth, flush: int, repeats: int) -> None:
+    """CUDA tree_rejection_sample (both sibling rules) with each form forced through SPECDEC_TREE_FORM; a form
+    the device cannot run (the cluster form below sm_90) is a row with its error."""
+    _, _, g, vocab, _ = VERIFY[probe.mode][1]
+    for op in ("tree_rejection_sample", "tree_rejection_sample_wr"):
+        if "cuda" not in bv.backends_for(op, device):
+            return
+        for batch, target in TREE_FORM_ROWS[probe.mode]:
+            case = bv.Case(op, batch, g, vocab, "natural", dtype, device)
+            for form in TREE_FORMS:
+                with forced_tree_form(form):
+                    probe.run("targets", {"target": f"{op} {target}", "op": op, "B": batch, "g": g, "V": vocab,
+                                          "backend": "cuda", "form": form},
+                              lambda: bv.measure(case, "cuda", repeats, bandwidth, flush_bytes=flush))
+
+
+@contextlib.contextmanager
+def forced_tree_form(form: str):
+    before = os.environ.get("SPECDEC_TREE_FORM")
+    os.environ["SPECDEC_TREE_FORM"] = form
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SPECDEC_TREE_FORM", None)
+        else:
+            os.environ["SPECDEC_TREE_FORM"] = before

@@ -69,6 +69,11 @@ const std::map<std::string, Planner>& planners() {
        [](const std::string& n, const py::dict& s, const plans::DeviceLimits& lim) {
          return plans::plan_block_verify_logits(need(n, s, "B"), need(n, s, "G"), need(n, s, "V"), lim);
        }},
+      {"tree_rejection_sample",
+       [](const std::string& n, const py::dict& s, const plans::DeviceLimits& lim) {
+         return plans::plan_tree_rejection_sample(need(n, s, "B"), need(n, s, "N"), need(n, s, "V"), lim,
+                                                  static_cast<int>(optional(s, "form", 0)));
+       }},
       {"kv_compact",  // vector_bytes: the widest access the caches allow (2, the worst case, if absent)
        [](const std::string& n, const py::dict& s, const plans::DeviceLimits& lim) {
          return plans::plan_kv_compact(need(n, s, "B"), need(n, s, "L"), optional(s, "Hkv", 0), optional(s, "S_max", 0),
@@ -77,7 +82,10 @@ const std::map<std::string, Planner>& planners() {
        }},
       {"early_exit_topk",
        [](const std::string& n, const py::dict& s, const plans::DeviceLimits& lim) {
-         return plans::plan_early_exit_topk(need(n, s, "B"), need(n, s, "H"), need(n, s, "V"), need(n, s, "k"), lim);
+         // dtype (0 if absent: the SIMT path) and aligned (1 if absent) choose the tensor-core path
+         return plans::plan_early_exit_topk(need(n, s, "B"), need(n, s, "H"), need(n, s, "V"), need(n, s, "k"), lim,
+                                            0, static_cast<int>(optional(s, "dtype", 0)),
+                                            optional(s, "aligned", 1) != 0);
        }},
       {"tree_attention",
        [](const std::string& n, const py::dict& s, const plans::DeviceLimits& lim) {

@@ -2,6 +2,7 @@
 // writing the [B, V] logits. See early_exit.h and the reference in
 // specdec_kernels/reference/early_exit.py.
 //
+// SIMT path (float32 weights and the shapes the tensor-core path does not take):
 // 1. early_exit_split_kernel, grid (row_groups, splits), 8 warps. CTA (g, s) owns up to
 //    8 batch rows (group g) and the vocabulary slice s. Prologue: warp r computes row
 //    r's norm statistics and writes norm(hidden) in float32 to shared memory (H is
@@ -23,7 +24,25 @@
 // Ties go to the lower id (the key), NaN logits rank as -inf.
 //
 // Speed: a CUDA-core GEMV. Memory-bound for small B; at B = 64 it is bound by the
-// FMA units (a tensor-core path for large B is future work).
+// FMA units (the H100 measured 25.2 ms at B = 64, H = 4096, V = 128256). It now serves
+// float32 weights, H % 8 != 0 and unaligned LM heads only.
+//
+// Tensor-core path (fp16 / bf16 weights, H % 8 == 0, 16-byte aligned LM head; plan value
+// "mma"), three launches:
+// 1. early_exit_normalize_kernel, grid (B,): norm(hidden) once, split into hi + lo halves of
+//    the weight dtype (early_exit_mma.cuh, split_hi_lo), into the workspace.
+// 2. early_exit_mma_kernel<T, NT>, grid (column groups, splits), 8 warps: CTA (c, s) owns
+//    8 NT batch columns and a slice of whole vocabulary tiles (8 warps x 16 x MT rows).
+//    mma.sync m16n8k16: A = 16 LM-head rows x 16 hidden (W's row-major layout, straight from
+//    global memory into registers by 16-byte loads, a ring of chunks in flight), B = the hi
+//    and lo tiles of hn in shared memory (resident for all of H when it fits, else staged in
+//    k-blocks), fp32 accumulators; the k order inside a 32-column chunk is permuted so both
+//    operands come from one 16-byte load per lane. Epilogue: every logit key above its
+//    column's running minimum enters the warp's kept set; then the warps' sets are merged
+//    per column into k candidates per (row, split).
+// 3. early_exit_merge_kernel as above; it also re-zeroes the hn rows.
+// The CPU emulation of the fragments (bind_early_exit.cpp, host_early_exit_mma) uses the
+// same index functions; only a GPU measures the speed.
 
 #include <algorithm>
 #include <atomic>
@@ -32,8 +51,10 @@
 
 #include "common.cuh"
 #include "early_exit_math.cuh"
+#include "early_exit_mma.cuh"
 #include "early_exit.h"
 #include "launch_utils.h"
+#include "mma.cuh"
 
 namespace specdec {
 namespace {
@@ -46,6 +67,10 @@ constexpr int kMergeThreads = 256;
 static_assert(kWarps == plans::kEarlyExitWarps && kRowsPerCta == plans::kEarlyExitRowsPerCta &&
                   kMaxK == plans::kEarlyExitMaxK && kMergeThreads == plans::kEarlyExitMergeThreads,
               "launch_plan.h mirrors the kernels' shapes");
+using early_exit::kMmaWarps;
+constexpr int kNormThreads = 256;
+static_assert(kMmaWarps == plans::kEarlyExitMmaWarps && kNormThreads == plans::kEarlyExitNormThreads,
+              "launch_plan.h mirrors the tensor-core kernels' shapes");
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
 enum Norm : int { kNone = 0, kRms = 1, kLayer = 2 };
@@ -144,6 +169,24 @@ __device__ __forceinline__ void dot_rows(const SplitArgs& a, const T* w, const f
   }
 }
 
+// One warp merges `count` kept keys (key_at(i), i in [0, count): several warps' sorted sets) into
+// the k largest, strictly decreasing, in `out`: k rounds of a warp max below the last one taken.
+template <typename KeyAt>
+__device__ __forceinline__ void warp_merge_kept(const KeyAt& key_at, int count, int k, unsigned long long* out,
+                                                int lane) {
+  unsigned long long prev = ~0ull;
+  for (int j = 0; j < k; ++j) {
+    unsigned long long best = 0ull;
+    for (int i = lane; i < count; i += 32) {
+      const unsigned long long key = key_at(i);
+      if (key < prev && key > best) best = key;
+    }
+    best = warp_max_u64(best);
+    if (lane == 0) out[j] = best;
+    prev = best;
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) early_exit_split_kernel(const SplitArgs a) {
   extern __shared__ float hs[];  // [rows_per_cta, H]
@@ -184,26 +227,269 @@ __global__ void __launch_bounds__(kThreads) early_exit_split_kernel(const SplitA
   for (int r = warp; r < a.rows_per_cta; r += kWarps) {
     const int64_t row = row0 + r;
     if (row >= a.B) continue;
-    unsigned long long* out = a.cand + (row * splits + split) * a.k;
-    unsigned long long prev = ~0ull;
-    for (int j = 0; j < a.k; ++j) {
-      unsigned long long best = 0ull;
-      for (int i = lane; i < kWarps * a.k; i += 32) {
-        const unsigned long long key = kept[i / a.k][r][i % a.k];
-        if (key < prev && key > best) best = key;
-      }
-      best = warp_max_u64(best);
-      if (lane == 0) out[j] = best;
-      prev = best;
+    warp_merge_kept([&](int i) { return kept[i / a.k][r][i % a.k]; }, kWarps * a.k, a.k,
+                    a.cand + (row * splits + split) * a.k, lane);
+  }
+}
+
+// ===========================================================================
+// Tensor-core path (fp16 / bf16 weights): normalise once, then mma.sync m16n8k16
+// ===========================================================================
+// Launch 1: norm(hidden[row]) split into the weight dtype's hi and lo halves, one CTA per row,
+// written to the workspace's hn arrays ([rows][hn_stride], 16-bit). Columns >= H and rows
+// >= B are never written: the zeroed workspace holds zeros there, the merge kernel re-zeroes
+// what this wrote.
+struct NormArgs {
+  const void* hidden;
+  int64_t hidden_stride;
+  const void* norm_weight;
+  const void* norm_bias;
+  int norm_dtype;
+  uint16_t* hn_hi;
+  uint16_t* hn_lo;
+  int64_t hn_stride, H;
+  int norm, dtype;
+  float eps;
+};
+
+__device__ __forceinline__ float block_sum(float v, float* partial) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  v = warp_sum(v);
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kNormThreads / 32; ++i) total += partial[i];
+  __syncthreads();  // partial is reused by the next sum
+  return total;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kNormThreads) early_exit_normalize_kernel(const NormArgs a) {
+  __shared__ float partial[kNormThreads / 32];
+  const int64_t row = blockIdx.x;
+  const T* x = static_cast<const T*>(a.hidden) + row * a.hidden_stride;
+  float mean = 0.0f, rstd = 1.0f;
+  if (a.norm == kLayer) {
+    float s = 0.0f;
+    for (int64_t h = threadIdx.x; h < a.H; h += kNormThreads) s += to_float(x[h]);
+    mean = block_sum(s, partial) / static_cast<float>(a.H);
+  }
+  if (a.norm != kNone) {
+    float s = 0.0f;
+    for (int64_t h = threadIdx.x; h < a.H; h += kNormThreads) {
+      const float d = to_float(x[h]) - mean;
+      s += d * d;
     }
+    rstd = rsqrtf(block_sum(s, partial) / static_cast<float>(a.H) + a.eps);
+  }
+  for (int64_t h = threadIdx.x; h < a.H; h += kNormThreads) {
+    float v = to_float(x[h]);
+    if (a.norm != kNone) {
+      v = (v - mean) * rstd;
+      if (a.norm_weight) v *= load_any(a.norm_weight, a.norm_dtype, h);
+      if (a.norm_bias) v += load_any(a.norm_bias, a.norm_dtype, h);
+    }
+    uint16_t hi, lo;
+    early_exit::split_hi_lo(v, a.dtype, hi, lo);
+    a.hn_hi[row * a.hn_stride + h] = hi;
+    a.hn_lo[row * a.hn_stride + h] = lo;
+  }
+}
+
+// Launch 2, grid (column groups, splits), 8 warps. CTA (c, s) owns batch columns
+// [8 NT c, 8 NT (c + 1)) and the vocabulary slice s, in steps of vocab_tile(NT) rows: warp w
+// takes MT m-tiles of 16 rows. Per 32-column chunk of H each lane loads 16 bytes of each of
+// its 2 MT weight rows straight into registers (a ring of U chunks in flight) and 16 bytes of
+// hi and lo per n-tile from shared memory (early_exit_mma.cuh: the permuted k order), then
+// 2 MMAs (hi, lo) per (m-tile, n-tile, k-step). hn is staged in shared memory k_block columns
+// at a time: once per CTA when all of H fits (resident), else once per k-block per step.
+// Epilogue: each accumulator's logit key is offered to its warp's kept set of that batch
+// column (shared memory; lanes above the set's minimum take turns); the end merges the 8
+// warps' sets per column into k candidates per (row, split), as the SIMT kernel does.
+struct MmaArgs {
+  const void* lm_head;
+  int64_t lm_head_stride;
+  const uint16_t* hn_hi;
+  const uint16_t* hn_lo;
+  int64_t hn_stride;  // elements, a multiple of 32
+  unsigned long long* cand;  // [B, splits, k]
+  int64_t B, H, V, per_split;
+  int k, k_block;
+};
+
+template <int NT>
+struct MmaShape {
+  static constexpr int kMt = NT >= 4 ? 2 : 1;
+  static constexpr int kBn = 8 * NT;
+  static constexpr int kRing = kMt == 1 ? 4 : 2;  // chunks in flight per warp (4 KiB of weight)
+};
+
+template <typename T, int NT>
+__global__ void __launch_bounds__(kMmaWarps * 32, 1) early_exit_mma_kernel(const MmaArgs a) {
+  constexpr int MT = MmaShape<NT>::kMt, BN = MmaShape<NT>::kBn, U = MmaShape<NT>::kRing;
+  namespace ee = early_exit;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int64_t stride = ee::smem_stride(a.k_block);
+  uint16_t* s_hi = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* s_lo = s_hi + BN * stride;
+  unsigned long long* kept = reinterpret_cast<unsigned long long*>(s_lo + BN * stride);  // [warps][BN][k]
+  unsigned long long* thresh = kept + kMmaWarps * BN * a.k;                              // [warps][BN]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * BN;
+  const int split = blockIdx.y, splits = gridDim.y;
+  const int64_t v0 = static_cast<int64_t>(split) * a.per_split;
+  const int64_t v1 = min(a.V, v0 + a.per_split);
+  for (int i = threadIdx.x; i < kMmaWarps * BN; i += kMmaWarps * 32) {
+    unsigned long long th;
+    ee::kept_init(kept + static_cast<int64_t>(i) * a.k, a.k, th);
+    thresh[i] = th;
+  }
+  const int64_t nchunks = (a.H + ee::kChunk - 1) / ee::kChunk;
+  const int cpk = a.k_block / ee::kChunk;
+  const bool resident = nchunks <= cpk;
+  // hn columns [kb * k_block, +k_block) of the CTA's batch columns -> shared memory (zeros past the rows)
+  auto stage = [&](int64_t kb) {
+    const int pieces = a.k_block / 8;
+    for (int i = threadIdx.x; i < BN * pieces; i += kMmaWarps * 32) {
+      const int r = i / pieces, p = i % pieces;
+      const int64_t col = kb * a.k_block + p * 8;
+      uint4 hi = make_uint4(0, 0, 0, 0), lo = hi;
+      if (col < a.hn_stride) {
+        hi = *reinterpret_cast<const uint4*>(a.hn_hi + (col0 + r) * a.hn_stride + col);
+        lo = *reinterpret_cast<const uint4*>(a.hn_lo + (col0 + r) * a.hn_stride + col);
+      }
+      *reinterpret_cast<uint4*>(s_hi + r * stride + p * 8) = hi;
+      *reinterpret_cast<uint4*>(s_lo + r * stride + p * 8) = lo;
+    }
+  };
+  __syncthreads();
+  if (resident) {
+    stage(0);
+    __syncthreads();
+  }
+  const T* weight = static_cast<const T*>(a.lm_head);
+  const int vt = ee::vocab_tile(NT);
+  for (int64_t vbase = v0; vbase < v1; vbase += vt) {
+    const int64_t vw = vbase + static_cast<int64_t>(warp) * 16 * MT;
+    const T* rows[MT][2];
+    bool row_ok[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t v = vw + mt * 16 + ee::load_row(lane, half);
+        row_ok[mt][half] = v < v1;
+        rows[mt][half] = weight + (row_ok[mt][half] ? v : 0) * a.lm_head_stride;
+      }
+    }
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+    uint4 ring[U][MT][2];
+    auto load_chunk = [&](int64_t c, uint4 (&dst)[MT][2]) {
+      const int64_t col = c * ee::kChunk + ee::load_col(lane);
+      const bool col_ok = col < a.H;  // H % 8 == 0: a lane's 8 columns are all in or all out
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          dst[mt][half] = row_ok[mt][half] && col_ok ? __ldg(reinterpret_cast<const uint4*>(rows[mt][half] + col))
+                                                     : make_uint4(0, 0, 0, 0);
+    };
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (u < nchunks) load_chunk(u, ring[u]);
+    for (int64_t c0 = 0; c0 < nchunks; c0 += U) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t c = c0 + u;
+        if (c >= nchunks) break;  // the same c in every warp: barriers below stay uniform
+        const int cc = static_cast<int>(c % cpk);
+        if (!resident && cc == 0) {
+          __syncthreads();  // every warp is done with the previous k-block
+          stage(c / cpk);
+          __syncthreads();
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const int64_t off = (nt * 8 + ee::load_row(lane, 0)) * stride + cc * ee::kChunk + ee::load_col(lane);
+          const uint4 h4 = *reinterpret_cast<const uint4*>(s_hi + off);
+          const uint4 l4 = *reinterpret_cast<const uint4*>(s_lo + off);
+          const uint32_t hw[4] = {h4.x, h4.y, h4.z, h4.w}, lw[4] = {l4.x, l4.y, l4.z, l4.w};
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            uint32_t bh0, bh1, bl0, bl1;
+            ee::b_regs(hw, s, bh0, bh1);
+            ee::b_regs(lw, s, bl0, bl1);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              const uint32_t r0[4] = {ring[u][mt][0].x, ring[u][mt][0].y, ring[u][mt][0].z, ring[u][mt][0].w};
+              const uint32_t r8[4] = {ring[u][mt][1].x, ring[u][mt][1].y, ring[u][mt][1].z, ring[u][mt][1].w};
+              uint32_t ar[4];
+              ee::a_regs(r0, r8, s, ar);
+              mma_16816<T>(acc[mt][nt], ar, bh0, bh1);
+              mma_16816<T>(acc[mt][nt], ar, bl0, bl1);
+            }
+          }
+        }
+        if (c + U < nchunks) load_chunk(c + U, ring[u]);
+      }
+    }
+    // epilogue: offer every accumulator above its column's minimum, one lane at a time
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t v = ee::epilogue_vocab(vw, mt, lane, i);
+          const int col = ee::epilogue_col(nt, lane, i);
+          const bool valid = v < v1 && col0 + col < a.B;
+          const unsigned long long key = valid ? ee::logit_key(acc[mt][nt][i], static_cast<uint32_t>(v)) : 0ull;
+          volatile unsigned long long* th = thresh + warp * BN + col;
+          bool want = valid && key > *th;
+          unsigned m = __ballot_sync(kFull, want);
+          while (m) {
+            const int src = __ffs(m) - 1;
+            if (lane == src) {
+              unsigned long long t = *th;
+              ee::kept_offer(kept + (static_cast<int64_t>(warp) * BN + col) * a.k, a.k, key, t);
+              *th = t;
+              want = false;
+            }
+            __syncwarp();
+            want = want && key > *th;
+            m = __ballot_sync(kFull, want);
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();
+  // warp w merges the 8 warps' kept sets of columns w, w + 8, ...: k rounds of a warp max
+  for (int col = warp; col < BN; col += kMmaWarps) {
+    const int64_t row = col0 + col;
+    if (row >= a.B) continue;
+    warp_merge_kept([&](int i) { return kept[(static_cast<int64_t>(i / a.k) * BN + col) * a.k + i % a.k]; },
+                    kMmaWarps * a.k, a.k, a.cand + (row * splits + split) * a.k, lane);
   }
 }
 
 __global__ void __launch_bounds__(kMergeThreads)
-early_exit_merge_kernel(unsigned long long* cand, int64_t per_row, int k, float* values, int64_t* indices) {
+early_exit_merge_kernel(unsigned long long* cand, int64_t per_row, int k, float* values, int64_t* indices,
+                        uint4* hn_hi, uint4* hn_lo, int64_t hn_row_vecs) {
   __shared__ unsigned long long scratch[kMergeThreads / 32];
   __shared__ unsigned long long winner;
   const int64_t row = blockIdx.x;
+  for (int64_t i = threadIdx.x; i < hn_row_vecs; i += kMergeThreads) {  // the tensor-core path's hn rows
+    hn_hi[row * hn_row_vecs + i] = make_uint4(0, 0, 0, 0);
+    hn_lo[row * hn_row_vecs + i] = make_uint4(0, 0, 0, 0);
+  }
   unsigned long long* keys = cand + row * per_row;
   unsigned long long list[kMaxK];
 #pragma unroll
@@ -232,8 +518,8 @@ void check_arg(bool ok, const std::string& what) {
 }
 
 // The plan on the current device; a shape the kernels cannot serve throws its refusal.
-plans::Plan plan_on_device(int64_t B, int64_t H, int64_t V, int64_t k) {
-  const plans::Plan p = plans::plan_early_exit_topk(B, H, V, k, current_device_limits());
+plans::Plan plan_on_device(int64_t B, int64_t H, int64_t V, int64_t k, int dtype, bool aligned) {
+  const plans::Plan p = plans::plan_early_exit_topk(B, H, V, k, current_device_limits(), 0, dtype, aligned);
   check_arg(p.ok(), p.refusal + "; use backend='triton'");
   return p;
 }
@@ -253,15 +539,80 @@ void launch_typed(const SplitArgs& a, const plans::Plan& p, float* values, int64
   early_exit_split_kernel<T><<<grid_of(split), split.block, split.dynamic_smem, stream>>>(a);
   SPECDEC_CUDA_CHECK(cudaGetLastError());
   early_exit_merge_kernel<<<grid_of(merge), merge.block, merge.dynamic_smem, stream>>>(
-      a.cand, p.at("splits") * a.k, a.k, values, indices);
+      a.cand, p.at("splits") * a.k, a.k, values, indices, nullptr, nullptr, 0);
   SPECDEC_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T, int NT>
+void launch_mma(const MmaArgs& m, const plans::Launch& l, cudaStream_t stream) {
+  if (l.opt_in) {
+    SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(early_exit_mma_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(l.dynamic_smem)));
+  }
+  early_exit_mma_kernel<T, NT><<<grid_of(l), l.block, l.dynamic_smem, stream>>>(m);
+}
+
+// The tensor-core path: normalize -> mma -> merge (plan values "mma" = 1).
+template <typename T>
+void launch_mma_typed(const SplitArgs& a, const plans::Plan& p, float* values, int64_t* indices, void* workspace,
+                      cudaStream_t stream) {
+  const plans::Launch& norm = p.launches.at(0);
+  const plans::Launch& mma = p.launches.at(1);
+  const plans::Launch& merge = p.launches.at(2);
+  const int64_t hs = p.at("hn_stride"), rows = p.at("hn_rows");
+  uint16_t* hn_hi = reinterpret_cast<uint16_t*>(static_cast<unsigned char*>(workspace) + p.at("hn_offset"));
+  uint16_t* hn_lo = hn_hi + rows * hs;
+  NormArgs n{};
+  n.hidden = a.hidden;
+  n.hidden_stride = a.hidden_stride;
+  n.norm_weight = a.norm_weight;
+  n.norm_bias = a.norm_bias;
+  n.norm_dtype = a.norm_dtype;
+  n.hn_hi = hn_hi;
+  n.hn_lo = hn_lo;
+  n.hn_stride = hs;
+  n.H = a.H;
+  n.norm = a.norm;
+  n.dtype = dtype_of<T>();
+  n.eps = a.eps;
+  early_exit_normalize_kernel<T><<<grid_of(norm), norm.block, norm.dynamic_smem, stream>>>(n);
+  SPECDEC_CUDA_CHECK(cudaGetLastError());
+  MmaArgs m{};
+  m.lm_head = a.lm_head;
+  m.lm_head_stride = a.lm_head_stride;
+  m.hn_hi = hn_hi;
+  m.hn_lo = hn_lo;
+  m.hn_stride = hs;
+  m.cand = a.cand;
+  m.B = a.B;
+  m.H = a.H;
+  m.V = a.V;
+  m.per_split = p.at("per_split");
+  m.k = a.k;
+  m.k_block = static_cast<int>(p.at("k_block"));
+  switch (p.at("n_tiles")) {
+    case 1: launch_mma<T, 1>(m, mma, stream); break;
+    case 2: launch_mma<T, 2>(m, mma, stream); break;
+    case 4: launch_mma<T, 4>(m, mma, stream); break;
+    default: launch_mma<T, 8>(m, mma, stream); break;
+  }
+  SPECDEC_CUDA_CHECK(cudaGetLastError());
+  early_exit_merge_kernel<<<grid_of(merge), merge.block, merge.dynamic_smem, stream>>>(
+      a.cand, p.at("splits") * a.k, a.k, values, indices, reinterpret_cast<uint4*>(hn_hi),
+      reinterpret_cast<uint4*>(hn_lo), hs / 8);
+  SPECDEC_CUDA_CHECK(cudaGetLastError());
+}
+
+// The rule the plan's `aligned` stands for (the Python launcher applies the same one).
+bool mma_aligned(const void* lm_head, int64_t lm_head_stride) {
+  return reinterpret_cast<uintptr_t>(lm_head) % 16 == 0 && lm_head_stride % 8 == 0;
 }
 
 }  // namespace
 
-uint64_t early_exit_topk_workspace_bytes(int64_t B, int64_t H, int64_t V, int64_t k) {
+uint64_t early_exit_topk_workspace_bytes(int64_t B, int64_t H, int64_t V, int64_t k, int dtype, bool aligned) {
   if (B <= 0) return 0;
-  return static_cast<uint64_t>(plan_on_device(B, H, V, k).at("workspace_bytes"));
+  return static_cast<uint64_t>(plan_on_device(B, H, V, k, dtype, aligned).at("workspace_bytes"));
 }
 
 void launch_early_exit_topk(const void* hidden, int64_t hidden_stride, const void* norm_weight,
@@ -272,7 +623,7 @@ void launch_early_exit_topk(const void* hidden, int64_t hidden_stride, const voi
   check_arg(dtype == kFloat32 || dtype == kFloat16 || dtype == kBFloat16, "dtype must be 0, 1 or 2");
   check_arg(norm_dtype == kFloat32 || norm_dtype == kFloat16 || norm_dtype == kBFloat16, "bad norm dtype");
   check_arg(norm == kNone || norm == kRms || norm == kLayer, "norm must be 0 (none), 1 (rms) or 2 (layer)");
-  const plans::Plan p = plan_on_device(B, H, V, k);
+  const plans::Plan p = plan_on_device(B, H, V, k, dtype, mma_aligned(lm_head, lm_head_stride));
   check_arg(hidden_stride >= H && lm_head_stride >= H, "row strides must be >= H");
   if (B == 0) return;
   check_arg(workspace_bytes >= static_cast<uint64_t>(p.at("workspace_bytes")), "workspace too small");
@@ -296,7 +647,12 @@ void launch_early_exit_topk(const void* hidden, int64_t hidden_stride, const voi
   a.rows_per_cta = static_cast<int>(p.at("rows_per_cta"));
   a.eps = static_cast<float>(eps);
   a.vec = reinterpret_cast<uintptr_t>(lm_head) % 16 == 0 && H % vec_elems == 0 && lm_head_stride % vec_elems == 0;
-  if (dtype == kFloat16) {
+  const bool mma = p.values.count("mma") != 0;
+  if (mma && dtype == kFloat16) {
+    launch_mma_typed<__half>(a, p, values, indices, workspace, stream);
+  } else if (mma && dtype == kBFloat16) {
+    launch_mma_typed<__nv_bfloat16>(a, p, values, indices, workspace, stream);
+  } else if (dtype == kFloat16) {
     launch_typed<__half>(a, p, values, indices, stream);
   } else if (dtype == kBFloat16) {
     launch_typed<__nv_bfloat16>(a, p, values, indices, stream);

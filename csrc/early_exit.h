@@ -1,6 +1,6 @@
 #pragma once
 // Host launcher of early_exit_topk (csrc/early_exit.cu): final norm + LM head +
-// top-k without writing [B, V] logits. Two kernel launches on `stream`, no sync, no
+// top-k without writing [B, V] logits. Two (SIMT) or three (tensor-core) kernel launches on `stream`, no sync, no
 // allocation (CUDA-graph capturable). Bad arguments throw std::invalid_argument; CUDA
 // errors throw std::runtime_error.
 
@@ -12,7 +12,10 @@ namespace specdec {
 
 // Zeroed bytes of workspace early_exit_topk needs on the current device (the
 // candidate keys of every (row, split)); the kernels hand it back zeroed.
-uint64_t early_exit_topk_workspace_bytes(int64_t B, int64_t H, int64_t V, int64_t k);
+// dtype: the weights' code (fp16/bf16 with H % 8 == 0 and `aligned` take the tensor-core
+// path: lm_head 16-byte aligned and lm_head_stride % 8 == 0, the rule the launcher applies).
+uint64_t early_exit_topk_workspace_bytes(int64_t B, int64_t H, int64_t V, int64_t k, int dtype = 0,
+                                         bool aligned = true);
 
 // hidden: [B, H] of `dtype` (0 fp32, 1 fp16, 2 bf16), row stride hidden_stride elements,
 //         last dim contiguous. norm_weight / norm_bias: [H] of norm_dtype or null.

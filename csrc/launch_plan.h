@@ -74,6 +74,8 @@ constexpr int kEarlyExitWarps = 8;            // early_exit_split_kernel
 constexpr int kEarlyExitRowsPerCta = 8;       // most batch rows one split CTA multiplies
 constexpr int kEarlyExitMaxK = 16;
 constexpr int kEarlyExitMergeThreads = 256;
+constexpr int kEarlyExitMmaWarps = 8;         // early_exit_mma_kernel (fp16 / bf16 weights)
+constexpr int kEarlyExitNormThreads = 256;    // early_exit_normalize_kernel
 constexpr int64_t kRejectionMaxVocab = int64_t{1} << 23;
 constexpr int kTreeAttentionStages = 3;       // K/V tiles in flight per MMA CTA
 constexpr int kTreeAttentionBlockN = 64;      // keys per MMA K/V tile
@@ -110,6 +112,9 @@ constexpr int kEarlyExitSplitStaticSmem = 8 * kEarlyExitWarps * kEarlyExitRowsPe
 // early_exit_merge_kernel: u64 scratch[8], u64 winner: 72 B, laid out in 80 (cuobjdump;
 // the compiler pads one of the two to 16-byte alignment).
 constexpr int kEarlyExitMergeStaticSmem = 80;
+// early_exit_normalize_kernel: f32 partial[8]. early_exit_mma_kernel: dynamic only.
+constexpr int kEarlyExitNormStaticSmem = 32;
+constexpr int kEarlyExitMmaStaticSmem = 0;
 
 // ---------------------------------------------------------------------------
 // Plans. dtype: 0 float32, 1 float16, 2 bfloat16. Arguments outside what the op
@@ -147,9 +152,11 @@ Plan plan_rejection_sample_logits(int64_t B, int64_t G, int64_t V, const DeviceL
 Plan plan_kv_compact(int64_t B, int64_t num_layers, int64_t heads, int64_t seq_capacity, int64_t head_dim,
                      int64_t elem_size, int64_t vector_bytes, const DeviceLimits& lim);
 // ctas_per_sm_hint: CTAs per SM of the split kernel (the device's occupancy query on a
-// GPU); <= 0 estimates it from the limits.
+// GPU); <= 0 estimates it from the limits. dtype 1/2 (fp16/bf16 weights) with H % 8 == 0 and
+// `aligned` (16-byte aligned LM head, row stride a multiple of 8 elements) plans the
+// tensor-core path (normalize, mma, merge launches; values "mma" = 1); else the SIMT path.
 Plan plan_early_exit_topk(int64_t B, int64_t H, int64_t V, int64_t k, const DeviceLimits& lim,
-                          int ctas_per_sm_hint = 0);
+                          int ctas_per_sm_hint = 0, int dtype = 0, bool aligned = true);
 // ctas_per_sm: CTAs of the chosen kernel per SM (occupancy query on a GPU); <= 0
 // estimates it from the limits and the kernel's __launch_bounds__.
 Plan plan_tree_attention(int64_t B, int64_t N, int64_t Hq, int64_t Hkv, int64_t D, int64_t kv_capacity,
@@ -183,6 +190,41 @@ struct BlockVerifyLayout {
 BlockVerifyLayout block_verify_layout(int64_t B, int64_t G, int64_t V, bool logits);
 Plan plan_block_verify(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim);
 Plan plan_block_verify_logits(int64_t B, int64_t G, int64_t V, const DeviceLimits& lim);
+
+// ---------------------------------------------------------------------------
+// tree_rejection_sample (csrc/tree_verify.cu, tree_rejection_split_kernel): grid (B, chunks); a
+// row's CTAs claim the V-chunks of each pass (stage) of its walk. Chunks of 2048..8192 elements
+// (one for a smaller V; larger only past V = 128 * 8192), at most kTreeRejectionMaxChunks, so the
+// scratch is per row: state (8 words), rank table (2N), chunk sums (3 x 128); none grows with V.
+// The zeroed workspace holds 4 ticket words per row and is left zeroed.
+// ---------------------------------------------------------------------------
+constexpr int kTreeRejectionThreads = 256;
+constexpr int kTreeRejectionBlocksPerSM = 3;    // its __launch_bounds__ residency (<= 80 registers: 4 spill)
+constexpr int64_t kTreeRejectionMaxChunks = 128;
+constexpr int kTreeRejectionSyncWords = 4;      // claim word, finished chunks, CTAs left, pad
+constexpr int kTreeRejectionStateWords = 8;
+constexpr int kTreeRejectionPartWords = 3;      // per chunk: residual, p and Q weight sums
+// tree_rejection_split_kernel: i64 sum[8][2], scan[8]; u64 word; Outcome (48); i64 x3; bool
+// = 128 + 64 + 8 + 48 + 24 + 1.
+constexpr int kTreeRejectionStaticSmem = 273;
+// The sm_90 form, tree_rejection_cluster_kernel: grid (B * C), one thread-block cluster of C CTAs
+// (cluster dims (C, 1, 1)) per batch row, CTA r owning ids [r * chunk, (r + 1) * chunk) of every
+// pass; the partial sums and rank 0's decision travel through distributed shared memory, so the
+// scratch holds the state and the rank table only (8 + 2N words a row) and no zeroed words.
+// C <= 8 is portable; 9..16 need cudaFuncAttributeNonPortableClusterSizeAllowed. Slices hold
+// <= kTreeRejectionClusterMaxSlice ids (past 16 of them the split form runs).
+constexpr int kTreeRejectionMaxCluster = 16;
+constexpr int kTreeRejectionPortableCluster = 8;
+constexpr int64_t kTreeRejectionClusterSlice = 8192;      // the slice the plan aims at (the split's largest chunk)
+constexpr int64_t kTreeRejectionClusterMaxSlice = 16384;  // the most ids one CTA's slice holds
+// tree_rejection_cluster_kernel: i64 sum[8][2], scan[8]; i64 part[3], decision[6], parts[16][3],
+// local[6]; i64 found, base; int owner = 128 + 64 + 24 + 48 + 384 + 48 + 16 + 4 (sm_90; on sm_80 the
+// kernel is an empty stub that the plan never launches).
+constexpr int kTreeRejectionClusterStaticSmem = 716;
+// form: 0 auto (the cluster form on sm_90 when it fits, else the split form), 1 the split form, 2 the
+// cluster form (refused where it cannot run: arch < 90, V past 16 slices of 16384 ids, B * C > grid x).
+enum TreeRejectionForm : int { kTreeFormAuto = 0, kTreeFormSplit = 1, kTreeFormCluster = 2 };
+Plan plan_tree_rejection_sample(int64_t B, int64_t N, int64_t V, const DeviceLimits& lim, int form = kTreeFormAuto);
 
 }  // namespace plans
 }  // namespace specdec

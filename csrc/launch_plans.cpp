@@ -9,6 +9,7 @@
 #include <string>
 
 #include "early_exit_math.cuh"
+#include "early_exit_mma.cuh"
 #include "attention_math.cuh"
 
 namespace specdec {
@@ -298,12 +299,71 @@ Plan plan_kv_compact(int64_t B, int64_t num_layers, int64_t heads, int64_t seq_c
 // ---------------------------------------------------------------------------
 // early_exit_topk: split kernel (row groups, splits) + merge kernel (B).
 // ---------------------------------------------------------------------------
+namespace {
+
+// The tensor-core path: normalize (B), mma (column groups, splits), merge (B). Workspace:
+// [B][splits][k] u64 candidates, then at hn_offset the hi and lo arrays [hn_rows][hn_stride] u16.
+Plan plan_early_exit_mma(int64_t B, int64_t H, int64_t V, int64_t k, const DeviceLimits& lim, int ctas_per_sm_hint) {
+  namespace ee = early_exit;
+  const int nt = ee::n_tiles_for(B);
+  const int64_t bn = 8 * nt;
+  const int64_t hs = ceil_div(H, ee::kChunk) * ee::kChunk;
+  // kept sets [warps][bn][k] + minima [warps][bn] (u64), then the hi / lo tiles [bn][stride] u16
+  const int64_t kept_bytes = kEarlyExitMmaWarps * bn * (k + 1) * 8;
+  const int64_t most_stride = (lim.smem_per_block_optin - kEarlyExitMmaStaticSmem - kept_bytes) / (4 * bn);
+  int64_t k_block = std::min<int64_t>(hs, most_stride / ee::kChunk * ee::kChunk);
+  while (k_block >= ee::kChunk && ee::smem_stride(k_block) > most_stride) k_block -= ee::kChunk;
+  if (k_block < ee::kChunk) return refused("early_exit_mma_kernel: no 32-column k-block fits in shared memory");
+  Plan plan;
+  if (B == 0) return plan;
+  const int64_t dynamic = kept_bytes + 4 * bn * ee::smem_stride(k_block);
+  int ctas = ctas_per_sm_hint;
+  if (ctas <= 0) {  // registers (cuobjdump): 128 a thread at 1-2 n-tiles (2 CTAs), more at 4-8 (1 CTA)
+    ctas = static_cast<int>(std::max<int64_t>(
+        1, std::min<int64_t>(nt <= 2 ? 2 : 1,
+                             lim.smem_per_sm / (kEarlyExitMmaStaticSmem + dynamic + lim.reserved_smem_per_block))));
+  }
+  const int64_t col_groups = ceil_div(B, bn);
+  const int64_t vt = ee::vocab_tile(nt);
+  const int64_t tiles = ceil_div(V, vt);
+  const int64_t wanted = std::max<int64_t>(1, std::min<int64_t>(tiles, static_cast<int64_t>(lim.sms) * ctas / col_groups));
+  const int64_t tiles_per_split = ceil_div(tiles, wanted);
+  const int64_t splits = ceil_div(tiles, tiles_per_split);
+  const int64_t cand_bytes = B * splits * k * 8;
+  const int64_t hn_offset = ceil_div(cand_bytes, 16) * 16;
+  const int64_t hn_rows = col_groups * bn;
+  plan.values = {{"mma", 1},
+                 {"n_tiles", nt},
+                 {"k_block", k_block},
+                 {"hn_stride", hs},
+                 {"hn_rows", hn_rows},
+                 {"hn_offset", hn_offset},
+                 {"per_split", tiles_per_split * vt},
+                 {"splits", splits},
+                 {"workspace_bytes", hn_offset + 2 * hn_rows * hs * 2}};
+  std::string broken = add_launch(plan, "early_exit_normalize_kernel", B, 1, 1, kEarlyExitNormThreads,
+                                  kEarlyExitNormStaticSmem, 0, lim);
+  if (broken.empty()) {
+    broken = add_launch(plan, "early_exit_mma_kernel", col_groups, splits, 1, kEarlyExitMmaWarps * 32,
+                        kEarlyExitMmaStaticSmem, dynamic, lim);
+  }
+  if (broken.empty()) {
+    broken = add_launch(plan, "early_exit_merge_kernel", B, 1, 1, kEarlyExitMergeThreads, kEarlyExitMergeStaticSmem,
+                        0, lim);
+  }
+  return check(plan, broken);
+}
+
+}  // namespace
+
 Plan plan_early_exit_topk(int64_t B, int64_t H, int64_t V, int64_t k, const DeviceLimits& lim,
-                          int ctas_per_sm_hint) {
+                          int ctas_per_sm_hint, int dtype, bool aligned) {
   const char* op = "early_exit_topk";
   require(B >= 0 && H >= 1 && V >= 1, op, "need B >= 0, H >= 1 and V >= 1");
   require(k >= 1 && k <= kEarlyExitMaxK && k <= V, op, "k must be in [1, min(16, V)] (larger k: the torch path)");
+  require(dtype >= 0 && dtype <= 2, op, "dtype must be 0, 1 or 2");
   if (V >= kInt32Max) return refused("V >= 2^31 - 1");
+  if (dtype != 0 && H % 8 == 0 && aligned) return plan_early_exit_mma(B, H, V, k, lim, ctas_per_sm_hint);
   // The CTA's normalised rows live in dynamic shared memory next to the static kept
   // sets: as many rows (<= 8) as the device's opt-in maximum holds.
   const int64_t row_bytes = H * static_cast<int64_t>(sizeof(float));
@@ -492,6 +552,100 @@ Plan plan_block_verify_logits(int64_t B, int64_t G, int64_t V, const DeviceLimit
                         kBlockVerifyLogitsStaticSmem, 0, lim);
   }
   return check(plan, broken);
+}
+
+// ---------------------------------------------------------------------------
+// tree_rejection_sample: grid (B, chunks) (split form) or (B * C) in clusters of C (sm_90)
+// ---------------------------------------------------------------------------
+namespace {
+
+// rejection_sample's split (4 CTAs per SM over the rows, chunks of 2048..8192 elements), then at
+// most kTreeRejectionMaxChunks chunks (longer ones past V = 2^20), so the chunk sums' slots are fixed.
+SplitPlan tree_rejection_splits(int64_t B, int64_t V, int sms) {
+  SplitPlan s = sampling_splits(B, V, sms, kTreeRejectionBlocksPerSM, kTreeRejectionMaxChunks, true);
+  if (s.splits > kTreeRejectionMaxChunks) {
+    constexpr int64_t kChunkAlign = 8;
+    const int64_t chunk = ceil_div(ceil_div(V, kTreeRejectionMaxChunks), kChunkAlign) * kChunkAlign;
+    s = {static_cast<int>(ceil_div(V, chunk)), static_cast<int>(chunk)};
+  }
+  return s;
+}
+
+// The cluster form's size C and slice. A row's CTAs stay resident for its whole walk, so CTAs past one
+// wave (3 per SM) run a later round of rows: while B rows fit one wave with slices of <= 8192 ids (the
+// split's largest chunk: passes and the final rescan stay short) those, else slices of up to 16384 ids
+// (fewer CTAs a row, fewer rounds: B = 64 at V = 128256 gets 8 CTAs of 16032 ids, a portable size); at
+// least 2048 ids a slice (the split's smallest chunk) and enough CTAs to fill the device when B is
+// small. C = ceil(V / slice), so the slices cover V exactly and none is empty. {0, 0} when V needs more
+// slices of kTreeRejectionClusterMaxSlice than a cluster holds: 16 on sm_90 / sm_100 (the non-portable
+// size those parts accept), else the portable 8.
+SplitPlan tree_rejection_cluster(int64_t B, int64_t V, int sms, int arch) {
+  constexpr int64_t kChunkAlign = 8, kMinSlice = 2048;
+  const int64_t most = arch == 90 || arch == 100 ? kTreeRejectionMaxCluster : kTreeRejectionPortableCluster;
+  const int64_t wave = int64_t{kTreeRejectionBlocksPerSM} * std::max(sms, 1);
+  const int64_t short_slices = ceil_div(V, kTreeRejectionClusterSlice);
+  const int64_t cover = std::max<int64_t>(B, 1) * short_slices <= wave
+                            ? short_slices
+                            : ceil_div(V, kTreeRejectionClusterMaxSlice);
+  const int64_t fill = ceil_div(wave, std::max<int64_t>(B, 1));
+  int64_t c = std::max(cover, std::min(fill, std::max<int64_t>(1, V / kMinSlice)));
+  c = std::min<int64_t>(std::max<int64_t>(c, 1), most);
+  const int64_t slice = ceil_div(ceil_div(V, c), kChunkAlign) * kChunkAlign;
+  if (slice > kTreeRejectionClusterMaxSlice) return {0, 0};
+  return {static_cast<int>(ceil_div(V, slice)), static_cast<int>(slice)};
+}
+
+}  // namespace
+
+Plan plan_tree_rejection_sample(int64_t B, int64_t N, int64_t V, const DeviceLimits& lim, int form) {
+  const char* op = "tree_rejection_sample";
+  require(B >= 0 && N >= 0 && V >= 0, op, "B, N and V must be >= 0");
+  require(form == kTreeFormAuto || form == kTreeFormSplit || form == kTreeFormCluster, op,
+          "form must be 0 (auto), 1 (split) or 2 (cluster)");
+  if (V < 1 || V >= kRejectionMaxVocab) return refused("V must be in [1, 2^23) (fixed-point totals stay exact below)");
+  if (N > kInt32Max / 4) return refused("N >= 2^29");
+  // The cluster form where the device has clusters (sm_90) and a row's slices fit one cluster.
+  const SplitPlan cl = tree_rejection_cluster(B, V, lim.sms, lim.arch);
+  std::string no_cluster;
+  if (lim.arch < 90) {
+    no_cluster = "the cluster form needs sm_90 (thread-block clusters)";
+  } else if (cl.splits == 0) {
+    no_cluster = "the cluster form needs V <= 16 * 16384 (8 * 16384 where 16-CTA clusters are not allowed)";
+  } else if (B * cl.splits > lim.grid_x) {
+    no_cluster = "the cluster form's grid B * C > grid x";
+  }
+  if (form == kTreeFormCluster && !no_cluster.empty()) return refused(no_cluster);
+  const bool cluster = form != kTreeFormSplit && no_cluster.empty();
+  Plan plan;
+  if (cluster) {
+    // state and rank table only: the partial sums live in the CTAs' shared memory
+    const int64_t stride = kTreeRejectionStateWords + 2 * N;
+    plan.values = {{"scratch_stride", stride},
+                   {"scratch_bytes", B * stride * 8},
+                   {"zeroed_bytes", 0},
+                   {"ctas_per_sm", kTreeRejectionBlocksPerSM},
+                   {"form", kTreeFormCluster}};
+    if (B == 0) return plan;
+    plan.values["chunks"] = cl.splits;
+    plan.values["chunk"] = cl.chunk;
+    plan.values["cluster"] = cl.splits;
+    plan.values["portable"] = cl.splits <= kTreeRejectionPortableCluster ? 1 : 0;
+    return check(plan, add_launch(plan, "tree_rejection_cluster_kernel", B * cl.splits, 1, 1, kTreeRejectionThreads,
+                                  kTreeRejectionClusterStaticSmem, 0, lim));
+  }
+  const int64_t stride = kTreeRejectionStateWords + 2 * N + kTreeRejectionMaxChunks * kTreeRejectionPartWords;
+  plan.values = {{"scratch_stride", stride},
+                 {"scratch_bytes", B * stride * 8},
+                 {"zeroed_bytes", B * kTreeRejectionSyncWords * 8},
+                 {"ctas_per_sm", kTreeRejectionBlocksPerSM},
+                 {"form", kTreeFormSplit}};
+  if (B == 0) return plan;
+  const SplitPlan s = tree_rejection_splits(B, V, lim.sms);
+  plan.values["chunks"] = s.splits;
+  plan.values["chunk"] = s.chunk;
+  plan.values["cluster"] = 0;
+  return check(plan, add_launch(plan, "tree_rejection_split_kernel", B, s.splits, 1, kTreeRejectionThreads,
+                                kTreeRejectionStaticSmem, 0, lim));
 }
 
 }  // namespace plans

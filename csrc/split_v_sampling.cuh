@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "logit_math.cuh"
 #include "philox.cuh"
 
 namespace specdec {
@@ -103,13 +104,18 @@ struct Identity {
   __device__ __forceinline__ float operator()(float x) const { return x; }
 };
 
-// One softmax row: P(x) = exp(x / t - m) / s, fp32, as torch.softmax(x.float() / t). Two
-// slots in flight: each element costs two divisions and an exp, and at 64 registers a thread
+// One softmax row: P(x) = exp(x / T - m) / s, fp32, as torch.softmax(x.float() / T), by
+// logit_math.cuh's softmax_prob: per element one multiply and two fmas for the correctly
+// rounded x / T (no division), an fma for x / T - m, one ex2.approx and a multiply by 1 / s
+// (ts and inv_s are made once per row). Two slots in flight: at 64 registers a thread
 // (rejection_sample's four CTAs per SM) four 16-bit slots of a row pair spill.
 struct SoftmaxProb {
   static constexpr int kSlotsInFlight = 2;
-  float t, m, s;
-  __device__ __forceinline__ float operator()(float x) const { return expf(x / t - m) / s; }
+  logit::TempScale ts;
+  float m, inv_s;
+  __device__ __forceinline__ SoftmaxProb(float temperature, float m_, float s)
+      : ts(logit::temp_scale(temperature)), m(m_), inv_s(1.0f / s) {}
+  __device__ __forceinline__ float operator()(float x) const { return logit::softmax_prob(x, ts, m, inv_s); }
 };
 
 // ---------------------------------------------------------------------------------------
@@ -270,33 +276,31 @@ __device__ __forceinline__ long long block_find_chunk(const longlong2* chunk_tot
 __device__ __forceinline__ bool logits_row_needed(int r, int n, int G) { return r <= G ? r <= n : r - G - 1 < n; }
 
 // This thread's online (m, s) over its slots of row[start, end) / t; `bad` on a NaN or +inf
-// (torch's whole softmax row is NaN then).
+// (torch's whole softmax row is NaN then). The arithmetic is logit_math.cuh's (the quotient
+// x / t and the exp as the SoftmaxProb functor computes them); one max and at most one
+// rescale per slot, and no NaN/inf test per element (they poison s or m, tested once here).
 template <typename T>
 __device__ __forceinline__ void thread_softmax_partial(const T* row, int64_t start, int64_t end, bool vec, float t,
                                                        float& m, float& s, bool& bad) {
   constexpr int K = Vec16<T>::kElems;
+  const logit::TempScale ts = logit::temp_scale(t);
   m = -INFINITY;
   s = 0.0f;
-  bad = false;
   const int64_t slots = (end - start + K - 1) / K;
   for (int64_t slot = threadIdx.x; slot < slots; slot += kThreads) {
     const int64_t i = start + slot * K;
-    float x[K];
+    float x[K], z[K];
     load_values(row, i, end, vec, x);
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (i + k >= end) continue;
-      const float y = x[k] / t;
-      if (isnan(y) || y == INFINITY) {
-        bad = true;
-      } else if (y > m) {
-        s = s * expf(m - y) + 1.0f;  // m == -inf: 0 * 0 + 1
-        m = y;
-      } else if (y > -INFINITY) {
-        s += expf(y - m);
-      }
+    for (int k = 0; k < K; ++k) z[k] = logit::div_mantissa(x[k], ts);
+    if (i + K > end) {  // the row's last slot: elements past the end weigh nothing
+#pragma unroll
+      for (int k = 0; k < K; ++k) z[k] = i + k < end ? z[k] : -INFINITY;
     }
+    logit::softmax_partial_add(m, s, z, ts.scale);
   }
+  bad = logit::softmax_partial_bad(m, s);
+  if (bad) s = 0.0f;  // block_softmax_stats reads m and s of good threads only
 }
 
 // Block reduction of per-thread softmax partials (m, s, bad) to the chunk's (m, s); every
@@ -313,7 +317,7 @@ __device__ __forceinline__ float2 block_softmax_stats(float m, float s, bool bad
   float M = -INFINITY;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) M = fmaxf(M, scratch_m[w]);
-  float c = m == -INFINITY ? 0.0f : s * expf(m - M);  // M >= m; a thread with no finite x adds 0
+  float c = m == -INFINITY ? 0.0f : s * logit::exp_diff(m, M);  // M >= m; a thread with no finite x adds 0
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) c += __shfl_xor_sync(0xFFFFFFFFu, c, off);
   if (lane == 0) scratch_s[warp] = c;
@@ -342,7 +346,7 @@ __device__ __forceinline__ float2 warp_merge_softmax(const float2* partials, int
   if (!bad && M > -INFINITY) {  // warp-uniform
     for (int k = lane; k < splits; k += 32) {
       const float2 v = __ldcg(&partials[k]);
-      if (v.x > -INFINITY) S += v.y * expf(v.x - M);  // an all -inf chunk adds 0
+      if (v.x > -INFINITY) S += v.y * logit::exp_diff(v.x, M);  // an all -inf chunk adds 0
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) S += __shfl_xor_sync(0xFFFFFFFFu, S, off);

@@ -7,32 +7,31 @@
 // the root in one thread, writes the outputs and re-zeroes the row's keys and
 // counter, so the workspace is handed back zeroed.
 //
-// tree_rejection_sample: one block per batch row walks the tree sequentially.
-// Every decision (which child, accept or not) is taken by thread 0 and
-// broadcast through shared memory, so all control flow around barriers is
-// block-uniform by construction. Passes over V (residual totals and the
-// inverse-CDF draw) use the whole block; all weights are int64 fixed point,
-// so every sum is exact and the result does not depend on the reduction order.
-// The residual after rejected siblings is never stored: each pass recomputes
-// it from p and the rejected siblings' q rows (tree_residual.cuh), so the only
-// buffer is a rank table of B * N * 2 int64 (the rejected child and the total
-// after it, per sibling rank), whatever V. The k-th rejection at a node reads
-// k + 1 rows; see specdec_kernels/triton/tree_verify_sampling.py for the traffic
-// trade-off against a stored residual row.
-// siblings = without replacement (tree_rejection_sampled_kernel): the same walk,
-// plan and rank table, but a node's children share the node's own draft row and
-// the table holds per rank the rejected token and the float64 scale S / T' (bits),
-// so each rejection's pass reads p and one q row (plus one q pass for T at the
-// first rejection of a node) whatever the rank.
-// Small B leaves most SMs idle (one block per row). Splitting a row over V
-// would need a grid-wide handshake per rejected sibling (its total gates the
-// next test and every later residual value), i.e. blocks waiting for each other
-// inside one launch, which is only safe with guaranteed co-residency
-// (cooperative launch, or an sm_90 cluster per row) or with per-row work
-// stealing over the V-chunks of each stage, which the Triton kernel does
-// (specdec_kernels/triton/tree_verify_sampling.py): its CUDA twin is a later step.
-
-#include <algorithm>
+// tree_rejection_sample: one kernel for both sibling rules (WR: siblings drawn without
+// replacement), grid (B, chunks), V split across a row's CTAs by chunk claiming, the twin of
+// the Triton kernel (specdec_kernels/triton/tree_verify_sampling.py). A row's cost is its full-V
+// passes: the residual's total after each rejected sibling (it gates the next test) and the
+// final draw's cdf. Each such pass is a stage whose V-chunks the row's CTAs claim from a per-row
+// claim word in the zeroed workspace; the CTA that completes a stage runs the walk's serial part
+// in one thread (tests need a few scalars) and opens the next stage; the final draw picks the
+// chunk that holds the threshold from the chunk sums and rescans that chunk alone. A CTA only
+// ever waits for a stage whose chunks are all held by running CTAs, so the kernel needs no
+// co-residency (no cooperative launch, no clusters: the same code on every arch). The protocol
+// and the serial part are SPECDEC_HD code in tree_walk.cuh, which bind_tree_verify.cpp runs on
+// the host to emulate the split walk in chosen interleavings (tests/test_cuda_host_tree_rejection.py).
+// On sm_90 the plan picks the cluster form instead (tree_rejection_cluster_kernel, "form": "cluster"):
+// one thread-block cluster of C <= 16 CTAs per row, grid (B * C), CTA r owning a fixed V-slice of every
+// pass; the row's CTAs are co-resident by construction, so a stage hands off through two cluster barriers
+// and distributed shared memory (partial sums, rank 0's decision) instead of L2 tickets and claim words
+// (~3-5 us a stage), and there is no zeroed workspace. Rank 0 runs the same walk_serial; the final draw's
+// owning slice is found from the partials and rescanned by its CTA. The split form stays the fallback
+// (sm_80, V > 16 * 16384 ids, SPECDEC_TREE_FORM=split); bind_tree_verify.cpp emulates both forms.
+// All weights are int64 fixed point, so every sum is exact and no result depends on the split.
+// The residual after rejected siblings is never stored: each pass recomputes it from p and the
+// rejected siblings' q rows (tree_residual.cuh); the k-th rejection at a node reads k + 1 rows
+// (independent siblings) or 2 (without replacement: the node's one q row, the rank table holding
+// the rejected tokens and the float64 scales S / T'). Rows are read 16 bytes at a time when p's
+// row and the draft block are 16-byte aligned with whole-word strides, element by element otherwise.
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -41,8 +40,10 @@
 #include "common.cuh"
 #include "launch_utils.h"
 #include "philox.cuh"
+#include "split_v_sampling.cuh"
 #include "tree_residual.cuh"
 #include "tree_verify.h"
+#include "tree_walk.cuh"
 
 namespace specdec {
 namespace {
@@ -157,502 +158,451 @@ tree_greedy_verify_kernel(const T* __restrict__ logits, int64_t stride_b, int64_
 }
 
 // ===========================================================================
-// tree_rejection_sample
+// tree_rejection_sample: one walk for both sibling rules, split over V
 // ===========================================================================
-constexpr int kWalkThreads = 512;
-constexpr int kWalkWarps = kWalkThreads / 32;
-// Two resident walks per SM (64 registers a thread): without the hint ptxas for
-// sm_90 squeezed the walk into 40 registers and spilled.
-constexpr int kWalkBlocksPerSM = 2;
-constexpr int kItems = 4;  // consecutive elements per thread in a scan tile
-constexpr int64_t kTile = static_cast<int64_t>(kWalkThreads) * kItems;
-// A row's rank table: the rejected child of each sibling rank, then the total after it.
-constexpr int64_t kRankTableColumns = 2;
+// The staging protocol and the walk's serial part live in tree_walk.cuh (host-built too); here
+// are the block-wide parts: a CTA's chunk of a pass, the completer's sums of the chunk sums, the
+// chunk that holds the draw's threshold and the rescan of that chunk.
+using tree_walk::Outcome;
+using tree_walk::RowView;
+using tree_walk::Sums;
+constexpr int kSplitThreads = split_v::kThreads;
+// Four resident CTAs per SM (<= 64 registers a thread), the residency the plan's splits assume.
+constexpr int kSplitBlocksPerSM = 3;
+static_assert(kSplitThreads == plans::kTreeRejectionThreads && kSplitBlocksPerSM == plans::kTreeRejectionBlocksPerSM,
+              "launch_plan.h mirrors the block size and the residency");
+static_assert(tree_walk::kSyncWords == plans::kTreeRejectionSyncWords &&
+                  tree_walk::kStateWords == plans::kTreeRejectionStateWords &&
+                  tree_walk::kPartWords == plans::kTreeRejectionPartWords,
+              "launch_plan.h sizes the workspace with these words");
 
-// Sum over the block, returned to every thread. Two barriers: the second one
-// lets the caller reuse `scratch` right away. Every thread must call it.
-__device__ __forceinline__ int64_t block_sum_i64(int64_t v, int64_t* scratch) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  int64_t total = 0;
-  for (int w = 0; w < kWalkWarps; ++w) total += scratch[w];
-  __syncthreads();
-  return total;
-}
-
-// Exclusive prefix sum over the threads of the block (thread order) and the
-// block total, both to every thread. Every thread must call it.
-__device__ __forceinline__ void block_exclusive_scan_i64(int64_t v, int64_t& exclusive,
-                                                         int64_t& total, int64_t* scratch) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  int64_t inclusive = v;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const int64_t other = __shfl_up_sync(0xFFFFFFFFu, inclusive, offset);
-    if (lane >= offset) inclusive += other;
-  }
-  if (lane == 31) scratch[warp] = inclusive;
-  __syncthreads();
-  int64_t before = 0, sum = 0;
-  for (int w = 0; w < kWalkWarps; ++w) {
-    const int64_t t = scratch[w];
-    if (w < warp) before += t;
-    sum += t;
-  }
-  __syncthreads();
-  exclusive = before + inclusive - v;
-  total = sum;
-}
-
-// Fixed-point weights of the target row p (reference to_weights(p)).
+// Element loads of the walk's serial part (tree_walk.cuh calls Load::at from SPECDEC_HD code;
+// the host never instantiates this policy).
 template <typename T>
-struct TargetWeights {
-  const T* row;
-  // The weights of ids first + k * step, k < kItems (0 at ids >= V). Ids fit in
-  // int: V < 2^23 (the launcher checks), one tile past it at most.
-  __device__ __forceinline__ void tile(int first, int step, int V, int64_t (&w)[kItems]) const {
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int v = first + k * step;
-      w[k] = v < V ? to_weight(to_float(row[v])) : 0;
-    }
+struct DeviceLoad {
+  __host__ __device__ static float at(const T* row, int64_t i) {
+#if defined(__CUDA_ARCH__)
+    return to_float(row[i]);
+#else
+    return 0.0f;
+#endif
   }
 };
 
-// The residual after the first `count` (>= 1) children of the current node were
-// rejected (tree_residual.cuh), recomputed from p and their q rows rather than
-// stored: a stored row would cost B * V * 8 bytes (311 MB at B = 256, V = 151936).
-// table: the batch row's rank table, [rank] = the rejected child of that sibling
-// rank, [N + rank] = the total S after it. Thread 0 writes an entry before a
-// barrier that every reader passes, and the table is a plain (coherent) pointer.
+// The q values of K = 16 / sizeof(T) consecutive ids [i, i + K) of a draft row (rank's row `row`
+// of the row's draft block, or the node's own row without replacement); 0 at or past `end`.
+template <typename T, bool WR>
+struct SlotQ {
+  const T* q_base;
+  int64_t q_sn, i, end;
+  bool vec;
+  __host__ __device__ void operator()(int64_t row, float (&q)[Vec16<T>::kElems]) const {
+#if defined(__CUDA_ARCH__)
+    split_v::load_values(q_base + (WR ? 0 : row * q_sn), i, end, vec, q);
+#endif
+  }
+};
+
+// Everything a launch passes; the row's slices are taken by row_view.
+struct SplitParams {
+  const void* target;
+  int64_t t_sb, t_sn;
+  const void* draft;
+  int64_t q_sb, q_sn;
+  IndexMatrix tree_tokens, parents;
+  TreeRandomness rnd;
+  int64_t* out_tokens;
+  int64_t* num_accepted;
+  int64_t* accepted_nodes;
+  int64_t* scratch;           // per row: state [8], rank table [2N], chunk sums [max chunks][3]
+  unsigned long long* sync;   // per row: kSyncWords zeroed words, left zeroed
+  int N, V;
+  int64_t max_depth;
+  int chunks;                 // V-chunks of a pass (= gridDim.y)
+  int64_t chunk;              // elements per chunk, a multiple of 8 (16-byte slots stay aligned)
+  int64_t scratch_stride;     // int64 words per row
+};
+
 template <typename T>
-struct ResidualWeights {
-  const T* p_row;
-  const T* q_base;  // draft row of node 0 of this batch row
-  int64_t q_stride;
-  const int64_t* table;
-  int N;
-  int count;
-
-  // Rank by rank over kItems ids at once, so each table entry is read once per tile.
-  __device__ __forceinline__ void tile(int first, int step, int V, int64_t (&w)[kItems]) const {
-    const T* q_row = q_base + table[0] * q_stride;
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int v = first + k * step;
-      w[k] = v < V ? residual_first(to_float(p_row[v]), to_float(q_row[v])) : 0;
-    }
-    for (int i = 1; i < count; ++i) {
-      q_row = q_base + table[i] * q_stride;
-      const double total = static_cast<double>(table[N + i - 1]);
-#pragma unroll
-      for (int k = 0; k < kItems; ++k) {
-        const int v = first + k * step;
-        if (v < V) w[k] = residual_update(w[k], total, to_float(q_row[v]));
-      }
-    }
-  }
-
-  // R(x) at one id x in [0, V) (the later-sibling test).
-  __device__ __forceinline__ int64_t at(int64_t x) const {
-    int64_t r = residual_first(to_float(p_row[x]), to_float(q_base[table[0] * q_stride + x]));
-    for (int i = 1; i < count; ++i) {
-      r = residual_update(r, static_cast<double>(table[N + i - 1]), to_float(q_base[table[i] * q_stride + x]));
-    }
-    return r;
-  }
-};
-
-// The uniforms of batch row b's walk: the caller's (one per node; the final draw reads
-// node 0's) or Philox draws at sequence position offset + level, keyed by the row's seed
-// (row key 0 with per-request seeds, else b), with the rejection rank as the draw index.
-struct WalkUniforms {
-  const void* uniforms;  // null: seeded
-  bool uniforms_double;
-  int64_t row_base, stride_n;  // uniforms[row_base + node * stride_n]
-  int64_t seed, row_key, offset;
-
-  __device__ __forceinline__ WalkUniforms(const TreeRandomness& r, int64_t b)
-      : uniforms(r.uniforms),
-        uniforms_double(r.uniforms_double != 0),
-        row_base(b * r.uniforms_stride_b),
-        stride_n(r.uniforms_stride_n),
-        seed(r.seeds != nullptr ? r.seeds[b * r.seeds_stride] : r.seed),
-        row_key(r.seeds != nullptr ? 0 : b),
-        offset(r.offsets != nullptr ? r.offsets[b * r.offsets_stride] : 0) {}
-
-  __device__ __forceinline__ double at(int64_t node) const {
-    const int64_t i = row_base + node * stride_n;
-    return uniforms_double ? static_cast<const double*>(uniforms)[i]
-                           : static_cast<double>(static_cast<const float*>(uniforms)[i]);
-  }
-  // The coin of `child`, the sibling of rejection rank `rank` at depth `level`.
-  __device__ __forceinline__ double accept(int64_t child, int64_t level, int rank) const {
-    return uniforms != nullptr ? at(child) : philox_uniform(seed, offset + level, row_key, kSaltAccept, rank);
-  }
-  // The uniform of the final draw at depth `level`.
-  __device__ __forceinline__ double final_draw(int64_t level) const {
-    return uniforms != nullptr ? at(0) : philox_uniform(seed, offset + level, row_key, kSaltFinal, 0);
-  }
-};
-
-// The first child of `cur` after index `prev` (children in index order), or -1.
-__device__ __forceinline__ int next_child(IndexMatrix parents, int64_t b, int64_t cur, int prev, int N) {
-  for (int c = prev + 1; c < N; ++c) {
-    if (load_index(parents, b, c) == cur) return c;
-  }
-  return -1;
+__device__ __forceinline__ RowView<T> row_view(const SplitParams& s, int64_t b) {
+  const TreeRandomness& r = s.rnd;
+  int64_t* scratch = s.scratch + b * s.scratch_stride;
+  const int64_t width = s.max_depth + 1;
+  return RowView<T>{static_cast<const T*>(s.target) + b * s.t_sb,
+                    s.t_sn,
+                    static_cast<const T*>(s.draft) + b * s.q_sb,
+                    s.q_sn,
+                    {s.parents.data + b * s.parents.stride_b, s.parents.stride_n,
+                     s.tree_tokens.data + b * s.tree_tokens.stride_b, s.tree_tokens.stride_n, s.N},
+                    {r.uniforms, r.uniforms_double != 0, b * r.uniforms_stride_b, r.uniforms_stride_n,
+                     r.seeds != nullptr ? r.seeds[b * r.seeds_stride] : r.seed, r.seeds != nullptr ? 0 : b,
+                     r.offsets != nullptr ? r.offsets[b * r.offsets_stride] : 0},
+                    s.V,
+                    s.max_depth,
+                    scratch + tree_walk::kStateWords,
+                    scratch,
+                    scratch + tree_walk::kStateWords + tree_walk::kRankTableColumns * s.N,
+                    s.out_tokens + b * width,
+                    s.accepted_nodes + b * width,
+                    s.num_accepted + b};
 }
 
-// Sum of a row's weights over the block, to every thread (coalesced: consecutive
-// threads take consecutive ids). Every thread must call it.
-template <typename Weights>
-__device__ __forceinline__ int64_t block_total(const Weights& weights, int V, int64_t* scratch) {
-  int64_t local = 0;
-  for (int64_t tile = 0; tile < V; tile += kTile) {
-    int64_t w[kItems];
-    weights.tile(static_cast<int>(tile) + static_cast<int>(threadIdx.x), kWalkThreads, V, w);
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) local += w[k];
-  }
-  return block_sum_i64(local, scratch);
+// Whether every row a pass of batch row b reads takes 16-byte loads: p's row and the whole draft
+// block aligned, with a row stride of whole 16-byte words (uniform per row; chunk starts are
+// multiples of 8 elements, so every slot start is aligned then).
+template <typename T>
+__device__ __forceinline__ bool rows_aligned16(const RowView<T>& row, int64_t cur) {
+  return split_v::aligned16(row.p_row(cur)) && split_v::aligned16(row.draft) &&
+         (row.q_sn * static_cast<int64_t>(sizeof(T))) % 16 == 0;
 }
 
-// reference sample_weights: the number of v whose inclusive cumulative weight
-// is <= threshold (= searchsorted(cdf, threshold, right=True)), in [0, V].
-// Weights are >= 0 and sum to < 2^63 (V < 2^23), so every prefix is exact.
-// Each thread owns kItems consecutive ids of a tile, so the scan runs in id order.
-template <typename Weights>
-__device__ int64_t inverse_cdf(const Weights& weights, int V, int64_t threshold, int64_t* scratch) {
-  int64_t count = 0;  // this thread's share
-  int64_t carry = 0;  // total weight of the earlier tiles (block-uniform)
-  for (int64_t tile = 0; tile < V; tile += kTile) {
-    if (carry > threshold) break;  // uniform; every later cdf exceeds the threshold
-    const int64_t first = tile + static_cast<int64_t>(threadIdx.x) * kItems;
-    int64_t w[kItems];
-    weights.tile(static_cast<int>(first), 1, V, w);
-    int64_t local = 0;
+// This CTA's chunk c of the pass the walk state asks for: its sums, in thread 0.
+template <typename T, bool WR>
+__device__ Sums pass_chunk(const RowView<T>& row, const SplitParams& s, int64_t c, long long (*scratch)[2]) {
+  constexpr int K = Vec16<T>::kElems;
+  const int64_t cur = tree_walk::load_word(row.state + tree_walk::kCur);
+  const int64_t count = tree_walk::load_word(row.state + tree_walk::kRank);
+  const int64_t kind = tree_walk::load_word(row.state + tree_walk::kKind);
+  const T* p_row = row.p_row(cur);
+  const T* q_base = row.template q_base<WR>(cur);
+  const bool vec = rows_aligned16(row, cur);
+  const int64_t start = c * s.chunk;
+  const int64_t end = min(static_cast<int64_t>(s.V), start + s.chunk);
+  const int64_t slots = (end - start + K - 1) / K;
+  long long sum_r = 0, sum_p = 0, sum_q = 0;
+#pragma unroll 1  // one slot at a time: two in flight spill at 80 registers (16-bit rows, without replacement)
+  for (int64_t slot = threadIdx.x; slot < slots; slot += kSplitThreads) {
+    const int64_t i = start + slot * K;
+    float p[K];
+    split_v::load_values(p_row, i, end, vec, p);
+    int64_t w_r[K], w_p[K], w_q[K];
+    tree_walk::slot_pass_weights<WR, K>(p, SlotQ<T, WR>{q_base, row.q_sn, i, end, vec}, row.table, s.N, kind, count,
+                                        i, w_r, w_p, w_q);
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) local += w[k];
-    int64_t exclusive, tile_total;
-    block_exclusive_scan_i64(local, exclusive, tile_total, scratch);
-    int64_t cdf = carry + exclusive;
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      cdf += w[k];
-      if (first + k < V && cdf <= threshold) ++count;
+    for (int k = 0; k < K; ++k) {
+      sum_r += w_r[k];
+      sum_p += w_p[k];
+      sum_q += w_q[k];
+    }
+  }
+  split_v::block_sum2(sum_r, sum_p, scratch);
+  long long unused = 0;
+  split_v::block_sum2(sum_q, unused, scratch);
+  return {sum_r, sum_p, sum_q};
+}
+
+// The row's chunk sums added over its `chunks` chunks, to every thread (L2 reads: other CTAs wrote them).
+__device__ __forceinline__ Sums block_row_sums(const int64_t* parts, int chunks, long long (*scratch)[2]) {
+  long long r = 0, p = 0, q = 0, unused = 0;
+  for (int k = threadIdx.x; k < chunks; k += kSplitThreads) {
+    r += tree_walk::load_word(parts + k * tree_walk::kPartWords);
+    p += tree_walk::load_word(parts + k * tree_walk::kPartWords + 1);
+    q += tree_walk::load_word(parts + k * tree_walk::kPartWords + 2);
+  }
+  split_v::block_sum2(r, p, scratch);
+  split_v::block_sum2(q, unused, scratch);
+  return {r, p, q};
+}
+
+// The chunk whose cumulative range of column `column` of the chunk sums holds `threshold` (in
+// [0, total)), scanned in chunk order, to every thread (-1 when none), with `base` the weight of
+// the chunks before it.
+__device__ __forceinline__ long long block_find_chunk(const int64_t* parts, int chunks, int column,
+                                                      long long threshold, long long* scan_scratch, long long* s_chunk,
+                                                      long long* s_base, long long& base) {
+  if (threadIdx.x == 0) *s_chunk = -1;
+  long long carry = 0;
+  for (int k0 = 0; k0 < chunks; k0 += kSplitThreads) {  // uniform trip count
+    const int k = k0 + static_cast<int>(threadIdx.x);
+    const long long v = k < chunks ? tree_walk::load_word(parts + k * tree_walk::kPartWords + column) : 0;
+    long long tile_total;
+    const long long cum = carry + split_v::block_exclusive_scan(v, scan_scratch, tile_total);
+    if (cum <= threshold && threshold < cum + v) {  // exactly one owner
+      *s_chunk = k;
+      *s_base = cum;
     }
     carry += tile_total;
+    if (carry > threshold) break;
   }
-  return block_sum_i64(count, scratch);
+  __syncthreads();
+  base = *s_base;
+  const long long found = *s_chunk;
+  __syncthreads();  // nobody rewrites s_chunk / s_base before everyone has read them
+  return found;
 }
 
-// The final draw from the target row p itself (no residual, or an empty one), to every
-// thread; a row with no mass at all gives 0. Every thread must call it.
-template <typename T>
-__device__ __forceinline__ int64_t draw_from_target(const T* p_row, int V, double u, int64_t* scratch) {
-  const TargetWeights<T> p_weights{p_row};
-  const int64_t p_total = block_total(p_weights, V, scratch);
-  return p_total > 0 ? inverse_cdf(p_weights, V, draw_threshold(u, p_total), scratch) : 0;
-}
-
-// Thread 0 records the child `accepted` at depth `level` (its token is in [0, V): it was accepted).
-__device__ __forceinline__ void record_accepted(IndexMatrix tree_tokens, int64_t b, int64_t accepted, int64_t level,
-                                                int64_t* row_out, int64_t* row_nodes) {
-  if (threadIdx.x == 0) {
-    row_out[level] = load_index(tree_tokens, b, accepted);
-    row_nodes[level + 1] = accepted;
-  }
-}
-
-// The padding of a walk that stopped at depth `level`: node 0 first, -1 past the end.
-__device__ __forceinline__ void pad_walk(int64_t* row_out, int64_t* row_nodes, int64_t width, int64_t level) {
-  for (int64_t j = threadIdx.x; j < width; j += kWalkThreads) {
-    if (j == 0) row_nodes[0] = 0;
-    if (j > level) {
-      row_out[j] = -1;
-      row_nodes[j] = -1;
-    }
-  }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kWalkThreads, kWalkBlocksPerSM)
-tree_rejection_sample_kernel(const T* __restrict__ target, int64_t target_stride_b,
-                             int64_t target_stride_n, const T* __restrict__ draft,
-                             int64_t draft_stride_b, int64_t draft_stride_n,
-                             IndexMatrix tree_tokens, IndexMatrix parents, TreeRandomness rnd,
-                             int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted,
-                             int64_t* __restrict__ accepted_nodes, int64_t* rank_tables, int N, int V,
-                             int64_t max_depth) {
-  __shared__ int64_t s_reduce[kWalkWarps];
-  __shared__ int s_child;   // the child just tried, or -1 when none is left
-  __shared__ int s_accept;  // whether it was accepted
-
-  const int64_t b = blockIdx.x;
-  const int64_t width = max_depth + 1;
-  int64_t* row_out = out_tokens + b * width;
-  int64_t* row_nodes = accepted_nodes + b * width;
-  int64_t* table = rank_tables + b * (kRankTableColumns * static_cast<int64_t>(N));
-  const T* q_base = draft + b * draft_stride_b;
-
-  const WalkUniforms coins(rnd, b);
-
-  // Block-uniform walk state: level, cur, rank, total only change through values
-  // every thread reads from shared memory or gets from block_sum_i64.
-  int64_t cur = 0;
-  int64_t level = 0;
-  while (true) {
-    const T* p_row = target + b * target_stride_b + cur * target_stride_n;
-    int rank = 0;       // children of cur rejected so far (= sibling rank of the next one)
-    int64_t total = 0;  // S after the last rejection (meaningful once rank > 0)
-    int64_t accepted = -1;
-    if (level < max_depth) {
-      int prev = 0;  // children are searched after this index
-      while (true) {
-        // ---- thread 0 finds the next child and decides; the block follows --
-        if (threadIdx.x == 0) {
-          const int child = next_child(parents, b, cur, prev, N);
-          int accept = 0;
-          if (child >= 0) {
-            const int64_t x = load_index(tree_tokens, b, child);
-            // Out-of-range tokens are rejected without reading p/q (the
-            // residual below is still updated with q_c, as in the reference).
-            if (x >= 0 && x < V) {
-              const double u = coins.accept(child, level, rank);
-              const float q_x = to_float(q_base[static_cast<int64_t>(child) * draft_stride_n + x]);
-              if (rank == 0) {
-                accept = accept_draft(u, q_x, to_float(p_row[x]));
-              } else {
-                // reference: (u * q_x) * S < R(x), R(x) read exactly (int64 -> float64).
-                const ResidualWeights<T> residual{p_row, q_base, draft_stride_n, table, N, rank};
-                const double r_x = static_cast<double>(residual.at(x));  // <= 2^40: exact
-                accept = (u * static_cast<double>(q_x)) * static_cast<double>(total) < r_x;
-              }
-            }
-            // Every thread passed the barriers after its last read of this entry
-            // (the previous node's passes end in block_sum_i64); the barrier below
-            // publishes it before the pass reads it.
-            if (!accept) table[rank] = child;
-          }
-          s_child = child;
-          s_accept = accept;
-        }
-        __syncthreads();
-        const int child = s_child;
-        const bool accept = s_accept != 0;
-        __syncthreads();  // everyone has read s_child / s_accept before thread 0 rewrites them
-        if (child < 0) break;
-        if (accept) {
-          accepted = child;
+// The first id in [start, end) whose cumulative weight carry + sum(w[start..id]) exceeds
+// `threshold` (carry <= threshold), w = the draw's weights (p's when `plain`, else the residual's
+// after `count` rejections at `cur`), to every thread; -1 if none. Slots are dealt in id order
+// (tile, then thread, then element), so the block scan walks the chunk in id order.
+template <typename T, bool WR>
+__device__ long long rescan_chunk(const RowView<T>& row, const Outcome& o, int64_t start, int64_t end,
+                                  long long threshold, long long carry, long long* scan_scratch, long long* s_found) {
+  constexpr int K = Vec16<T>::kElems;
+  const T* p_row = row.p_row(o.cur);
+  const T* q_base = row.template q_base<WR>(o.cur);
+  const bool vec = rows_aligned16(row, o.cur);
+  if (threadIdx.x == 0) *s_found = -1;  // ordered before any owner's write by the scan's barriers
+  const int64_t slots = (end - start + K - 1) / K;
+  for (int64_t tile = 0; tile < slots; tile += kSplitThreads) {  // uniform trip count
+    const int64_t i = start + (tile + threadIdx.x) * K;           // >= end for idle threads: weights 0
+    float p[K];
+    split_v::load_values(p_row, i, end, vec, p);
+    int64_t w[K];
+    tree_walk::slot_draw_weights<WR, K>(p, SlotQ<T, WR>{q_base, row.q_sn, i, end, vec}, row.table, row.tree.N,
+                                        o.plain, o.count, i, w);
+    long long local = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) local += w[k];
+    long long tile_total;
+    long long cum = carry + split_v::block_exclusive_scan(local, scan_scratch, tile_total);
+    if (cum <= threshold && threshold < cum + local) {  // cumulative weights never decrease: one owner
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        cum += w[k];
+        if (cum > threshold) {
+          *s_found = i + k;
           break;
         }
-        // ---- child rejected: the new residual's total, recomputed over the row --
-        const ResidualWeights<T> residual{p_row, q_base, draft_stride_n, table, N, rank + 1};
-        total = block_total(residual, V, s_reduce);
-        // Read by the passes after the next rejection, behind its barriers (the
-        // next test and the draw use `total` for this rank).
-        if (threadIdx.x == 0) table[N + rank] = total;
-        ++rank;
-        prev = child;
       }
     }
-
-    if (accepted >= 0) {
-      record_accepted(tree_tokens, b, accepted, level, row_out, row_nodes);
-      cur = accepted;
-      ++level;
-      continue;
-    }
-
-    // ---- no child accepted (or a leaf, or max_depth): the final draw --------
-    // Every thread computes the same u (a pure function / one address).
-    const double u = coins.final_draw(level);
-    int64_t token;
-    if (rank > 0 && total > 0) {
-      const ResidualWeights<T> residual{p_row, q_base, draft_stride_n, table, N, rank};
-      token = inverse_cdf(residual, V, draw_threshold(u, total), s_reduce);
-    } else {  // no residual, or an empty one: draw from p
-      token = draw_from_target(p_row, V, u, s_reduce);
-    }
-    if (threadIdx.x == 0) {
-      row_out[level] = token;
-      num_accepted[b] = level;
-    }
-    break;
+    carry += tile_total;  // identical in every thread
+    if (carry > threshold) break;
   }
-
-  pad_walk(row_out, row_nodes, width, level);
+  __syncthreads();
+  const long long found = *s_found;
+  __syncthreads();
+  return found;
 }
 
-// ---------------------------------------------------------------------------
-// siblings = without replacement (reference `_without_replacement`): every child
-// of node v was drawn from the one row q = draft[b, v]. The rank table holds per
-// rejected rank i: [i] the rejected token, [N + i] the bits of the float64 scale
-// c_i = S / T' used at that rank (none at rank 0). One q row for every rank, so a
-// rejection's pass reads p and q once whatever the rank.
-// ---------------------------------------------------------------------------
-template <typename T>
-struct SampledResidualWeights {
-  const T* p_row;
-  const T* q_row;
-  const int64_t* table;
-  int N;
-  int count;  // rejected siblings so far (>= 1)
-
-  __device__ __forceinline__ void tile(int first, int step, int V, int64_t (&w)[kItems]) const {
-    int64_t q_weight[kItems];
-    bool removed[kItems];
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int v = first + k * step;
-      const float q = v < V ? to_float(q_row[v]) : 0.0f;
-      q_weight[k] = to_weight(q);
-      w[k] = v < V ? residual_first(to_float(p_row[v]), q) : 0;
-      removed[k] = false;
-    }
-    for (int i = 1; i < count; ++i) {
-      const int64_t token = table[i - 1];  // q_i is 0 on the tokens rejected before rank i
-      const double scale = __longlong_as_double(static_cast<long long>(table[N + i]));
-#pragma unroll
-      for (int k = 0; k < kItems; ++k) {
-        removed[k] = removed[k] || first + k * step == token;
-        if (!removed[k]) w[k] = sampled_residual_update(w[k], scale, q_weight[k]);
-      }
+// The completer of `stage` (the whole CTA): thread 0 runs the walk's serial part; if the walk
+// ends, the CTA draws the token (the chunk holding the threshold, then its rescan) and thread 0
+// writes the row's outputs. Returns the claim word that opens the next stage or marks the row done.
+template <typename T, bool WR>
+__device__ unsigned long long complete_stage(const RowView<T>& row, const SplitParams& s, uint64_t stage,
+                                             long long (*sum_scratch)[2], long long* scan_scratch, Outcome* s_outcome,
+                                             long long* s_chunk, long long* s_base, long long* s_found) {
+  const Sums sums = stage > 0 ? block_row_sums(row.parts, s.chunks, sum_scratch) : Sums{0, 0, 0};
+  if (threadIdx.x == 0) *s_outcome = tree_walk::walk_serial<WR, T, DeviceLoad<T>>(row, stage, sums);
+  __syncthreads();  // also publishes thread 0's table entries to the rescan below
+  const Outcome o = *s_outcome;
+  if (!o.draw) return (static_cast<unsigned long long>(stage) + 1) << 32;
+  long long token = 0;  // no mass at all: id 0 (the reference's argmax of all-zero weights)
+  if (o.total > 0) {    // uniform
+    const long long threshold = draw_threshold(o.u, o.total);  // in [0, total - 1]
+    long long base;
+    const long long c = block_find_chunk(row.parts, s.chunks, o.plain ? 1 : 0, threshold, scan_scratch, s_chunk,
+                                         s_base, base);
+    token = s.V - 1;  // unreachable: threshold < total, so a chunk and an id in it hold it
+    if (c >= 0) {
+      const int64_t start = c * s.chunk;
+      const int64_t end = min(static_cast<int64_t>(s.V), start + s.chunk);
+      const long long found = rescan_chunk<T, WR>(row, o, start, end, threshold, base, scan_scratch, s_found);
+      if (found >= 0) token = found;
     }
   }
+  if (threadIdx.x == 0) tree_walk::finish_row(row, o.level, tree_walk::clamp_id(token, s.V));
+  return static_cast<unsigned long long>(tree_walk::kDoneStage) << 32;
+}
 
-  // R(x) at a real sibling's token x in [0, V) (rejected by no earlier rank).
-  __device__ __forceinline__ int64_t at(int64_t x) const {
-    const float q = to_float(q_row[x]);
-    const int64_t q_weight = to_weight(q);
-    int64_t r = residual_first(to_float(p_row[x]), q);
-    for (int i = 1; i < count; ++i) {
-      r = sampled_residual_update(r, __longlong_as_double(static_cast<long long>(table[N + i])), q_weight);
-    }
-    return r;
-  }
-};
-
-template <typename T>
-__global__ void __launch_bounds__(kWalkThreads, kWalkBlocksPerSM)
-tree_rejection_sampled_kernel(const T* __restrict__ target, int64_t target_stride_b,
-                              int64_t target_stride_n, const T* __restrict__ draft,
-                              int64_t draft_stride_b, int64_t draft_stride_n,
-                              IndexMatrix tree_tokens, IndexMatrix parents, TreeRandomness rnd,
-                              int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted,
-                              int64_t* __restrict__ accepted_nodes, int64_t* rank_tables, int N,
-                              int V, int64_t max_depth) {
-  __shared__ int64_t s_reduce[kWalkWarps];
-  __shared__ int64_t s_q_weight;  // Q(x) of the sibling just rejected
-  __shared__ int s_child;         // the child just tried, or -1 when none is left
-  __shared__ int s_verdict;       // 0 skipped (q_j cannot draw it), 1 rejected, 2 accepted
+// grid (B, chunks). Every CTA of row b loops: claim a chunk of the current stage (claim word:
+// stage << 32 | claimed), sum it, take a ticket; the ticket that completes the stage makes this CTA
+// the completer. A claim past the stage's chunks waits for the next stage (every claimed chunk is
+// held by a running CTA that waits on nothing: no co-residency needed). The row's last CTA to
+// leave zeroes the row's words.
+template <typename T, bool WR>
+__global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) tree_rejection_split_kernel(SplitParams s) {
+  __shared__ long long sum_scratch[split_v::kWarps][2];
+  __shared__ long long scan_scratch[split_v::kWarps];
+  __shared__ unsigned long long s_word;
+  __shared__ Outcome s_outcome;
+  __shared__ long long s_chunk, s_base, s_found;
+  __shared__ bool s_last;
 
   const int64_t b = blockIdx.x;
-  const int64_t width = max_depth + 1;
-  int64_t* row_out = out_tokens + b * width;
-  int64_t* row_nodes = accepted_nodes + b * width;
-  int64_t* table = rank_tables + b * (kRankTableColumns * static_cast<int64_t>(N));
-
-  const WalkUniforms coins(rnd, b);
-
-  // Block-uniform walk state (as in tree_rejection_sample_kernel).
-  int64_t cur = 0;
-  int64_t level = 0;
+  unsigned long long* sync = s.sync + b * tree_walk::kSyncWords;
+  const RowView<T> row = row_view<T>(s, b);
   while (true) {
-    const T* p_row = target + b * target_stride_b + cur * target_stride_n;
-    const T* q_row = draft + b * draft_stride_b + cur * draft_stride_n;  // all of cur's children
-    int rank = 0;        // real siblings rejected so far
-    int64_t total = 0;   // S after the last rejection (meaningful once rank > 0)
-    int64_t q_left = 0;  // T': the Q mass off the rejected tokens (meaningful once rank > 0)
-    int64_t accepted = -1;
-    if (level < max_depth) {
-      int prev = 0;
-      while (true) {
-        if (threadIdx.x == 0) {
-          const int child = next_child(parents, b, cur, prev, N);
-          int verdict = 0;
-          if (child >= 0) {
-            const int64_t x = load_index(tree_tokens, b, child);
-            if (x >= 0 && x < V) {
-              const float q_x = to_float(q_row[x]);
-              const int64_t q_weight = to_weight(q_x);
-              bool repeated = false;
-              for (int i = 0; i < rank; ++i) repeated = repeated || table[i] == x;
-              if (q_weight > 0 && !repeated) {  // else q_j could not have drawn x: skipped
-                const double u = coins.accept(child, level, rank);
-                double scale = 0.0;
-                bool accept;
-                if (rank == 0) {
-                  accept = accept_draft(u, q_x, to_float(p_row[x]));
-                } else {
-                  scale = sampled_scale(total, q_left);
-                  const SampledResidualWeights<T> residual{p_row, q_row, table, N, rank};
-                  accept = sampled_accept(u, scale, q_weight, residual.at(x));
-                }
-                verdict = accept ? 2 : 1;
-                if (!accept) {  // published to the pass by the barrier below
-                  table[rank] = x;
-                  table[N + rank] = static_cast<int64_t>(__double_as_longlong(scale));
-                  s_q_weight = q_weight;
-                }
-              }
-            }
-          }
-          s_child = child;
-          s_verdict = verdict;
-        }
-        __syncthreads();
-        const int child = s_child;
-        const int verdict = s_verdict;
-        const int64_t q_weight = s_q_weight;
-        __syncthreads();  // everyone has read the shared words before thread 0 rewrites them
-        if (child < 0) break;
-        prev = child;
-        if (verdict == 0) continue;
-        if (verdict == 2) {
-          accepted = child;
-          break;
-        }
-        const SampledResidualWeights<T> residual{p_row, q_row, table, N, rank + 1};
-        total = block_total(residual, V, s_reduce);
-        if (rank == 0) {  // T, once per node: the q mass every later scale divides by
-          const TargetWeights<T> q_weights{q_row};
-          q_left = block_total(q_weights, V, s_reduce);
-        }
-        q_left -= q_weight;
-        ++rank;
-      }
+    if (threadIdx.x == 0) {
+      s_word = atomicAdd(&sync[tree_walk::kClaim], 1ull);
+      __threadfence();  // acquire: the state, table and sums the stage's opener stored
     }
-
-    if (accepted >= 0) {
-      record_accepted(tree_tokens, b, accepted, level, row_out, row_nodes);
-      cur = accepted;
-      ++level;
+    __syncthreads();
+    const unsigned long long word = s_word;
+    __syncthreads();  // everyone has read s_word before thread 0 may rewrite it
+    const uint64_t stage = word >> 32;
+    if (stage == tree_walk::kDoneStage) break;  // uniform
+    const int64_t c = static_cast<int64_t>(word & 0xFFFFFFFFull);
+    const int64_t chunks = stage == 0 ? 1 : s.chunks;  // stage 0: one empty chunk; its completer starts the walk
+    if (c >= chunks) {  // every chunk of the stage is held by a running CTA: wait for the next stage
+      if (threadIdx.x == 0) {
+        while ((*reinterpret_cast<volatile unsigned long long*>(&sync[tree_walk::kClaim]) >> 32) == stage) {
+          __nanosleep(100);
+        }
+      }
+      __syncthreads();
       continue;
     }
-
-    const double u = coins.final_draw(level);
-    int64_t token;
-    if (rank > 0 && total > 0) {
-      const SampledResidualWeights<T> residual{p_row, q_row, table, N, rank};
-      token = inverse_cdf(residual, V, draw_threshold(u, total), s_reduce);
-    } else {
-      token = draw_from_target(p_row, V, u, s_reduce);
-    }
+    Sums mine{0, 0, 0};
+    if (stage > 0) mine = pass_chunk<T, WR>(row, s, c, sum_scratch);
     if (threadIdx.x == 0) {
-      row_out[level] = token < V ? token : V - 1;  // threshold < total: only guards the id range
-      num_accepted[b] = level;
+      if (stage > 0) {
+        int64_t* part = const_cast<int64_t*>(row.parts) + c * tree_walk::kPartWords;
+        __stcg(reinterpret_cast<long long*>(part), static_cast<long long>(mine.r));
+        __stcg(reinterpret_cast<long long*>(part + 1), static_cast<long long>(mine.p));
+        __stcg(reinterpret_cast<long long*>(part + 2), static_cast<long long>(mine.q));
+      }
+      __threadfence();  // the chunk's sums are visible device-wide before the ticket
+      s_last = atomicAdd(&sync[tree_walk::kFinished], 1ull) == static_cast<unsigned long long>(chunks) - 1;
+      if (s_last) {
+        sync[tree_walk::kFinished] = 0;  // every chunk of the stage is done: the next one counts from 0
+        __threadfence();                 // acquire the other CTAs' sums
+      }
     }
-    break;
+    __syncthreads();
+    if (!s_last) continue;  // uniform
+    const unsigned long long next = complete_stage<T, WR>(row, s, stage, sum_scratch, scan_scratch, &s_outcome,
+                                                          &s_chunk, &s_base, &s_found);
+    __syncthreads();  // every thread's reads of this stage's words are done
+    if (threadIdx.x == 0) {
+      __threadfence();  // the state, table and outputs come before the next stage opens
+      atomicExch(&sync[tree_walk::kClaim], next);
+    }
   }
+  if (threadIdx.x == 0 && atomicAdd(&sync[tree_walk::kLeaving], 1ull) == gridDim.y - 1ull) {
+    // the row's last CTA leaves: every CTA of the row has made its last access to these words
+    sync[tree_walk::kClaim] = 0;
+    sync[tree_walk::kFinished] = 0;
+    sync[tree_walk::kLeaving] = 0;
+  }
+}
 
-  pad_walk(row_out, row_nodes, width, level);
+// ===========================================================================
+// tree_rejection_sample on sm_90: one thread-block cluster per batch row
+// ===========================================================================
+// grid (B * C), cluster dims (C, 1, 1): the row's C CTAs are co-resident by construction, so nothing is
+// claimed or ticketed. CTA r sums its fixed slice [r * chunk, (r + 1) * chunk) of each pass (pass_chunk,
+// 16-byte loads) into its own shared memory; after a cluster barrier rank 0 gathers the C partials
+// through distributed shared memory and runs the same walk_serial (state and rank table in the global
+// scratch, as in the split form), publishes its decision in its shared memory; after a second barrier
+// every CTA reads the decision and runs the next pass or the final draw. The draw: every CTA gathers the
+// partials' column, find_slice names the slice holding the threshold, its CTA rescans that slice
+// (rescan_chunk) and writes the token. A CTA arrives at a last cluster barrier after its last remote
+// read and waits on it before leaving, so no CTA's shared memory goes away while another reads it.
+// Built for sm_90 only: on sm_80 the kernel is an empty stub the plan never launches.
+constexpr int kDecisionWords = 6;  // flags (1 draw, 2 plain), total, u's bits, cur, level, count
+static_assert(tree_walk::kMaxCluster == plans::kTreeRejectionMaxCluster, "launch_plan.h mirrors the cluster cap");
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned cluster_ctarank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_id_x() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+// Release the CTA's prior writes (global and shared) at cluster scope / acquire the others'.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+__device__ __forceinline__ void cluster_sync() {
+  cluster_arrive();
+  cluster_wait();
+}
+// The int64 at `local` (an address of this CTA's shared memory) in CTA `rank`'s shared memory.
+__device__ __forceinline__ long long dsmem_load(const void* local, unsigned rank) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  long long v;
+  asm volatile("ld.shared::cluster.s64 %0, [%1];" : "=l"(v) : "r"(remote) : "memory");
+  return v;
+}
+#endif
+
+template <typename T, bool WR>
+__global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) tree_rejection_cluster_kernel(SplitParams s) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ long long sum_scratch[split_v::kWarps][2];
+  __shared__ long long scan_scratch[split_v::kWarps];
+  __shared__ long long s_part[tree_walk::kPartWords];  // this CTA's slice sums of the last pass (read remotely)
+  __shared__ long long s_decision[kDecisionWords];     // rank 0's decision (read remotely)
+  __shared__ int64_t s_parts[tree_walk::kMaxCluster][tree_walk::kPartWords];  // gathered partials
+  __shared__ long long s_local[kDecisionWords];        // this CTA's copy of the decision
+  __shared__ long long s_found, s_base;
+  __shared__ int s_owner;
+
+  const unsigned rank = cluster_ctarank();
+  const int C = s.chunks;  // = the cluster size
+  const int64_t b = cluster_id_x();
+  const RowView<T> row = row_view<T>(s, b);
+  uint64_t stage = 0;
+  Outcome o;
+  while (true) {
+    if (rank == 0) {  // uniform per CTA
+      if (stage > 0 && threadIdx.x < C * tree_walk::kPartWords) {
+        const int k = threadIdx.x / tree_walk::kPartWords, w = threadIdx.x % tree_walk::kPartWords;
+        s_parts[k][w] = dsmem_load(&s_part[w], k);
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        const Sums sums = stage > 0 ? tree_walk::add_parts(&s_parts[0][0], C) : Sums{0, 0, 0};
+        const Outcome d = tree_walk::walk_serial<WR, T, DeviceLoad<T>>(row, stage, sums);
+        s_decision[0] = (d.draw ? 1 : 0) | (d.plain ? 2 : 0);
+        s_decision[1] = d.total;
+        s_decision[2] = __double_as_longlong(d.u);
+        s_decision[3] = d.cur;
+        s_decision[4] = d.level;
+        s_decision[5] = d.count;
+      }
+    }
+    cluster_sync();  // A: rank 0's state and table (global) and decision (shared) are published
+    if (threadIdx.x < kDecisionWords) s_local[threadIdx.x] = dsmem_load(&s_decision[threadIdx.x], 0);
+    __syncthreads();
+    o = Outcome{(s_local[0] & 1) != 0, (s_local[0] & 2) != 0, s_local[1], __longlong_as_double(s_local[2]),
+                s_local[3], s_local[4], s_local[5]};
+    if (o.draw) break;  // uniform across the cluster
+    const Sums mine = pass_chunk<T, WR>(row, s, rank, sum_scratch);  // in thread 0
+    if (threadIdx.x == 0) {
+      s_part[0] = mine.r;
+      s_part[1] = mine.p;
+      s_part[2] = mine.q;
+    }
+    cluster_sync();  // B: every slice's sums are in, and every CTA has read the decision
+    ++stage;
+  }
+  // The final draw from the last pass's partials (still in every CTA's s_part).
+  if (o.total > 0) {  // uniform
+    const long long threshold = draw_threshold(o.u, o.total);  // in [0, total - 1]
+    const int column = o.plain ? 1 : 0;
+    if (threadIdx.x < C) s_parts[threadIdx.x][column] = dsmem_load(&s_part[column], threadIdx.x);
+    __syncthreads();
+    cluster_arrive();  // this CTA's last remote read is done
+    if (threadIdx.x == 0) {
+      int64_t base = 0;
+      s_owner = tree_walk::find_slice(&s_parts[0][0], C, column, threshold, base);
+      s_base = base;
+    }
+    __syncthreads();
+    const int owner = s_owner;
+    if (owner == static_cast<int>(rank)) {
+      const int64_t start = static_cast<int64_t>(rank) * s.chunk;
+      const int64_t end = min(static_cast<int64_t>(s.V), start + s.chunk);
+      const long long found = rescan_chunk<T, WR>(row, o, start, end, threshold, s_base, scan_scratch, &s_found);
+      // unreachable: threshold < total, so a slice and an id in it hold it
+      if (threadIdx.x == 0) tree_walk::finish_row(row, o.level, tree_walk::clamp_id(found >= 0 ? found : s.V - 1, s.V));
+    } else if (owner < 0 && rank == 0 && threadIdx.x == 0) {
+      tree_walk::finish_row(row, o.level, tree_walk::clamp_id(s.V - 1, s.V));  // unreachable, as above
+    }
+  } else {
+    cluster_arrive();
+    // no mass at all: id 0 (the reference's argmax of all-zero weights)
+    if (rank == 0 && threadIdx.x == 0) tree_walk::finish_row(row, o.level, tree_walk::clamp_id(0, s.V));
+  }
+  cluster_wait();  // no CTA leaves while another may still read its shared memory
+#endif
 }
 
 // ===========================================================================
@@ -684,19 +634,35 @@ void launch_greedy_typed(const void* logits, int64_t stride_b, int64_t stride_n,
       static_cast<int>(plan.at("chunk")), max_depth);
 }
 
+
 template <typename T>
-void launch_rejection_typed(const void* target, int64_t target_stride_b, int64_t target_stride_n,
-                            const void* draft, int64_t draft_stride_b, int64_t draft_stride_n,
-                            IndexMatrix tree_tokens, IndexMatrix parents, TreeRandomness rnd,
-                            int64_t* out_tokens, int64_t* num_accepted, int64_t* accepted_nodes,
-                            int64_t* rank_tables, const TreeRejectionPlan& plan, int64_t N, int64_t V,
-                            int64_t max_depth, bool without_replacement, cudaStream_t stream) {
-  auto kernel = without_replacement ? tree_rejection_sampled_kernel<T> : tree_rejection_sample_kernel<T>;
-  kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, 0, stream>>>(
-      static_cast<const T*>(target), target_stride_b, target_stride_n,
-      static_cast<const T*>(draft), draft_stride_b, draft_stride_n, tree_tokens, parents, rnd,
-      out_tokens, num_accepted, accepted_nodes, rank_tables, static_cast<int>(N), static_cast<int>(V),
-      max_depth);
+void launch_rejection_typed(const SplitParams& params, const plans::Plan& plan, bool without_replacement,
+                            cudaStream_t stream) {
+  const plans::Launch& l = plan.launches.at(0);
+  const dim3 grid(static_cast<unsigned>(l.grid[0]), static_cast<unsigned>(l.grid[1]), static_cast<unsigned>(l.grid[2]));
+  if (plan.at("form") == plans::kTreeFormCluster) {
+    auto kernel = without_replacement ? tree_rejection_cluster_kernel<T, true> : tree_rejection_cluster_kernel<T, false>;
+    const int cluster = static_cast<int>(plan.at("cluster"));
+    if (!plan.at("portable")) {  // 9..16 CTAs: a non-portable cluster size (sm_90 allows 16)
+      SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    }
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(static_cast<unsigned>(l.block), 1, 1);
+    config.dynamicSmemBytes = static_cast<size_t>(l.dynamic_smem);
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    SPECDEC_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+    return;
+  }
+  auto kernel = without_replacement ? tree_rejection_split_kernel<T, true> : tree_rejection_split_kernel<T, false>;
+  kernel<<<grid, l.block, l.dynamic_smem, stream>>>(params);
 }
 
 }  // namespace
@@ -744,15 +710,20 @@ void launch_tree_greedy_verify(const void* logits, int64_t stride_b, int64_t str
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 
-TreeRejectionPlan tree_rejection_sample_plan(int64_t B, int64_t N, int64_t V) {
-  check_arg(B >= 0 && N >= 0 && V >= 0, "tree_rejection_sample", "B, N and V must be >= 0");
-  TreeRejectionPlan plan;
-  plan.blocks = B;
-  plan.threads = kWalkThreads;
-  // Independent of V: the residual rows are recomputed, not stored.
-  plan.workspace_bytes = static_cast<uint64_t>(B) * static_cast<uint64_t>(N) *
-                         static_cast<uint64_t>(kRankTableColumns) * sizeof(int64_t);
-  return plan;
+TreeRejectionPlan tree_rejection_sample_plan(int64_t B, int64_t N, int64_t V, int arch, int form) {
+  const plans::Plan plan = plans::plan_tree_rejection_sample(
+      B, N, V, arch == 0 ? current_device_limits() : plans::arch_limits(arch), form);
+  check_arg(plan.ok(), "tree_rejection_sample", plan.refusal.c_str());
+  TreeRejectionPlan out{};
+  out.blocks = B;
+  out.chunks = B == 0 ? 0 : plan.at("chunks");
+  out.chunk = B == 0 ? 0 : plan.at("chunk");
+  out.threads = plans::kTreeRejectionThreads;
+  out.workspace_bytes = static_cast<uint64_t>(plan.at("scratch_bytes"));
+  out.zeroed_bytes = static_cast<uint64_t>(plan.at("zeroed_bytes"));
+  out.cluster = B == 0 ? 0 : static_cast<int>(plan.at("cluster"));
+  out.form = static_cast<int>(plan.at("form"));
+  return out;
 }
 
 void launch_tree_rejection_sample(const void* target_probs, int64_t target_stride_b,
@@ -761,39 +732,49 @@ void launch_tree_rejection_sample(const void* target_probs, int64_t target_strid
                                   IndexMatrix tree_tokens, IndexMatrix parents,
                                   TreeRandomness randomness, int64_t* out_tokens,
                                   int64_t* num_accepted, int64_t* accepted_nodes, void* workspace,
-                                  int64_t B, int64_t N, int64_t V, int64_t max_depth, int dtype,
-                                  cudaStream_t stream, bool without_replacement) {
+                                  void* zeroed_workspace, int64_t B, int64_t N, int64_t V, int64_t max_depth,
+                                  int dtype, cudaStream_t stream, bool without_replacement, int form) {
   const char* op = "tree_rejection_sample";
   check_common(op, B, N, max_depth, dtype);
-  check_arg(B <= 0x7FFFFFFF && N <= 0x7FFFFFFF, op, "B and N must be < 2^31");
-  // Fixed-point totals stay exact in int64 only for V < 2^23 (weights <= 2^40).
-  check_arg(V >= 1 && V < (int64_t{1} << 23), op, "V must be in [1, 2^23)");
+  const plans::Plan plan = plans::plan_tree_rejection_sample(B, N, V, current_device_limits(), form);
+  check_arg(plan.ok(), op, plan.refusal.c_str());
   if (B == 0) return;
+  const bool split = plan.at("form") == plans::kTreeFormSplit;  // the cluster form takes no zeroed words
   check_arg(target_probs && draft_probs && tree_tokens.data && parents.data && out_tokens &&
-                num_accepted && accepted_nodes && workspace,
+                num_accepted && accepted_nodes && workspace && (zeroed_workspace || !split),
             op, "null device pointer");
-  check_arg(reinterpret_cast<uintptr_t>(workspace) % 8 == 0, op, "workspace must be 8-byte aligned");
-  const TreeRejectionPlan plan = tree_rejection_sample_plan(B, N, V);
-  auto* rank_tables = static_cast<int64_t*>(workspace);
+  check_arg(reinterpret_cast<uintptr_t>(workspace) % 8 == 0 && reinterpret_cast<uintptr_t>(zeroed_workspace) % 8 == 0,
+            op, "workspaces must be 8-byte aligned");
+  SplitParams params{};
+  params.target = target_probs;
+  params.t_sb = target_stride_b;
+  params.t_sn = target_stride_n;
+  params.draft = draft_probs;
+  params.q_sb = draft_stride_b;
+  params.q_sn = draft_stride_n;
+  params.tree_tokens = tree_tokens;
+  params.parents = parents;
+  params.rnd = randomness;
+  params.out_tokens = out_tokens;
+  params.num_accepted = num_accepted;
+  params.accepted_nodes = accepted_nodes;
+  params.scratch = static_cast<int64_t*>(workspace);
+  params.sync = static_cast<unsigned long long*>(zeroed_workspace);
+  params.N = static_cast<int>(N);
+  params.V = static_cast<int>(V);
+  params.max_depth = max_depth;
+  params.chunks = static_cast<int>(plan.at("chunks"));
+  params.chunk = plan.at("chunk");
+  params.scratch_stride = plan.at("scratch_stride");
   switch (dtype) {
     case kFloat32:
-      launch_rejection_typed<float>(target_probs, target_stride_b, target_stride_n, draft_probs,
-                                    draft_stride_b, draft_stride_n, tree_tokens, parents,
-                                    randomness, out_tokens, num_accepted, accepted_nodes,
-                                    rank_tables, plan, N, V, max_depth, without_replacement, stream);
+      launch_rejection_typed<float>(params, plan, without_replacement, stream);
       break;
     case kFloat16:
-      launch_rejection_typed<__half>(target_probs, target_stride_b, target_stride_n, draft_probs,
-                                     draft_stride_b, draft_stride_n, tree_tokens, parents,
-                                     randomness, out_tokens, num_accepted, accepted_nodes,
-                                     rank_tables, plan, N, V, max_depth, without_replacement, stream);
+      launch_rejection_typed<__half>(params, plan, without_replacement, stream);
       break;
     default:
-      launch_rejection_typed<__nv_bfloat16>(target_probs, target_stride_b, target_stride_n,
-                                            draft_probs, draft_stride_b, draft_stride_n,
-                                            tree_tokens, parents, randomness, out_tokens,
-                                            num_accepted, accepted_nodes, rank_tables, plan, N, V,
-                                            max_depth, without_replacement, stream);
+      launch_rejection_typed<__nv_bfloat16>(params, plan, without_replacement, stream);
       break;
   }
   SPECDEC_CUDA_CHECK(cudaGetLastError());

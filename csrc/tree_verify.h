@@ -60,31 +60,40 @@ struct TreeRandomness {
   int64_t offsets_stride;
 };
 
-// Launch plan of tree_rejection_sample: one block of `threads` per batch row, and
-// `workspace_bytes` for the rank tables (B * N * 2 int64: per sibling rank the
-// rejected child and the residual total after it). Independent of V: the kernel
-// recomputes the residual from p and the rejected siblings' q rows instead of
-// storing a [V] row per batch row. The workspace need not be zeroed (every entry
-// is written before it is read) and is left as garbage. Host-callable, no GPU.
+// Launch plan of tree_rejection_sample (plans::plan_tree_rejection_sample on the current device
+// when arch == 0, else on the sm_80 / sm_90 table): grid (blocks = B, chunks), `threads` per CTA,
+// `chunk` elements per V-chunk. Two buffers, neither growing with V: `workspace_bytes` of scratch
+// (per row: the walk state, the rank table of 2N int64, the chunk sums of at most 128 chunks;
+// every word is written before it is read, so it need not be zeroed and is left as garbage) and
+// `zeroed_bytes` of ticket words (32 bytes per row) that must be zeroed and are left zeroed.
+// The cluster form (sm_90): grid (blocks * cluster) in clusters of `cluster` CTAs, `chunks` == cluster
+// slices of `chunk` ids; scratch of the state and rank table only, zeroed_bytes 0 (no tickets).
 struct TreeRejectionPlan {
   int64_t blocks;
+  int64_t chunks;
+  int64_t chunk;
   int threads;
   uint64_t workspace_bytes;
+  uint64_t zeroed_bytes;
+  int cluster;  // CTAs per thread-block cluster (the cluster form: grid (blocks * cluster)), 0 for the split form
+  int form;     // plans::kTreeFormSplit (1) or kTreeFormCluster (2)
 };
-TreeRejectionPlan tree_rejection_sample_plan(int64_t B, int64_t N, int64_t V);
+// form: 0 auto (the cluster form on sm_90 where it fits), 1 split, 2 cluster (refused where it cannot run).
+TreeRejectionPlan tree_rejection_sample_plan(int64_t B, int64_t N, int64_t V, int arch = 0, int form = 0);
 
 // target_probs / draft_probs: [B, N, V] of `dtype`, last dim contiguous, with
-// their own element strides. workspace: plan.workspace_bytes, 8-byte aligned.
+// their own element strides. workspace: plan.workspace_bytes, 8-byte aligned, any content;
+// zeroed_workspace: plan.zeroed_bytes, zeroed and 8-byte aligned, left zeroed.
 // without_replacement: siblings drawn from one q without replacement (draft row v
 // is the q v's children came from; reference `_without_replacement`), else each
-// child c from its own q = draft row c. The plan and workspace are the same.
+// child c from its own q = draft row c. The plan and workspaces are the same.
 void launch_tree_rejection_sample(const void* target_probs, int64_t target_stride_b,
                                   int64_t target_stride_n, const void* draft_probs,
                                   int64_t draft_stride_b, int64_t draft_stride_n,
                                   IndexMatrix tree_tokens, IndexMatrix parents,
                                   TreeRandomness randomness, int64_t* out_tokens,
                                   int64_t* num_accepted, int64_t* accepted_nodes, void* workspace,
-                                  int64_t B, int64_t N, int64_t V, int64_t max_depth, int dtype,
-                                  cudaStream_t stream, bool without_replacement = false);
+                                  void* zeroed_workspace, int64_t B, int64_t N, int64_t V, int64_t max_depth,
+                                  int dtype, cudaStream_t stream, bool without_replacement = false, int form = 0);
 
 }  // namespace specdec

@@ -121,14 +121,20 @@ SAMPLES = [
     ("max_prob", dict(R=4, V=32000)),
     ("tree_greedy_verify", dict(B=2, N=7, V=32000)),
     ("rejection_sample", dict(B=2, G=3, V=32000)),
+    ("tree_rejection_sample", dict(B=2, N=7, V=32000)),  # sm_80: the split form, sm_90: the cluster form
+    ("tree_rejection_sample", dict(B=2, N=7, V=32000, form=1)),  # the split form on sm_90 too
     ("rejection_sample_logits", dict(B=2, G=3, V=32000)),
     ("block_verify", dict(B=2, G=3, V=32000)),
     ("block_verify_logits", dict(B=2, G=3, V=32000)),
     ("kv_compact", dict(B=2, L=4, Hkv=8, S_max=64, D=128, elem_size=2, vector_bytes=16)),
     ("early_exit_topk", dict(B=2, H=512, V=32000, k=4)),
+    ("early_exit_topk", dict(B=2, H=512, V=32000, k=4, dtype=BFLOAT16)),  # the tensor-core path
     ("tree_attention", dict(B=2, N=8, Hq=8, Hkv=2, D=128, capacity=512, dtype=BFLOAT16)),
     ("tree_attention", dict(B=2, N=8, Hq=8, Hkv=2, D=96, capacity=512, dtype=FLOAT32)),
 ]
+
+
+SM90_ONLY = {"tree_rejection_cluster_kernel"}  # thread-block clusters: its body is built for sm_90 only
 
 
 def test_every_kernel_has_a_plan():
@@ -144,9 +150,11 @@ def test_static_shared_memory_mirrors_the_compiled_kernels(compiled, arch):
         for launch in plan(name, arch, **sizes)["launches"]:
             kernels.add(launch["kernel"])
             assert static_smem_seen(compiled, arch, launch["kernel"]) == {launch["static_smem"]}, launch
-    families = {family for (a, family) in compiled if a == arch} - {"tree_rejection_sample_kernel",
-                                                                    "tree_rejection_sampled_kernel"}
-    assert families == kernels  # every launched kernel has a plan (tree_rejection_sample: one CTA per row)
+    families = {family for (a, family) in compiled if a == arch}
+    if arch < 90:  # sm_90-only kernels are empty stubs below sm_90, never planned there
+        assert all(compiled[(arch, f)] == (compiled[(arch, f)][0], {0}) for f in SM90_ONLY)
+        families -= SM90_ONLY
+    assert families == kernels  # every launched kernel has a plan
 
 
 # ---------------------------------------------------------------------------------- chain / tree verifies
@@ -306,6 +314,46 @@ def test_early_exit_topk_counts_the_static_kept_sets(compiled, arch, B, H):
     assert split["opt_in"] == (EARLY_EXIT_STATIC + split["dynamic_smem"] > NO_OPT_IN)
 
 
+@SETTINGS
+@given(arch=st.sampled_from(ARCHS), B=st.integers(0, 10**5), H=st.integers(1, 2**17).map(lambda h: 8 * h),
+       V=st.integers(16, 2**20), k=st.integers(1, 16), dtype=st.sampled_from([FLOAT16, BFLOAT16]))
+@example(arch=90, B=64, H=4096, V=128256, k=16, dtype=BFLOAT16)
+@example(arch=80, B=8, H=4096, V=128256, k=16, dtype=FLOAT16)
+@example(arch=90, B=1, H=65536, V=151936, k=8, dtype=BFLOAT16)
+def test_early_exit_topk_tensor_core_plans(compiled, arch, B, H, V, k, dtype):
+    """fp16/bf16 with H % 8 == 0: normalize (B), mma (column groups, splits), merge (B), every H
+    served (k-blocks of hn staged when all of H does not fit), splits in whole vocabulary tiles."""
+    p = plan("early_exit_topk", arch, B=B, H=H, V=V, k=k, dtype=dtype)
+    assert_fits(p, arch, compiled)
+    assert served(p), p
+    if not B:
+        return
+    assert [l["kernel"] for l in p["launches"]] == ["early_exit_normalize_kernel", "early_exit_mma_kernel",
+                                                    "early_exit_merge_kernel"]
+    norm, mma, merge = p["launches"]
+    nt = p["n_tiles"]
+    bn = 8 * nt
+    assert nt == min(t for t in (1, 2, 4, 8) if 8 * t >= min(B, 64))  # B <= 8: one n-tile, no padded columns read
+    assert mma["grid"][0] == -(-B // bn) and norm["grid"][0] == B == merge["grid"][0]
+    tile = 128 * (2 if nt >= 4 else 1)
+    assert p["per_split"] % tile == 0 and (p["splits"] - 1) * p["per_split"] < V <= p["splits"] * p["per_split"]
+    hs = -(-H // 32) * 32
+    kb = p["k_block"]
+    assert p["hn_stride"] == hs and kb % 32 == 0 and 32 <= kb <= hs
+    stride = kb + 32 if kb % 64 == 0 else kb
+    assert mma["dynamic_smem"] == 8 * bn * (k + 1) * 8 + 4 * bn * stride
+    if H <= 4096 and nt == 1:
+        assert kb == hs  # the hidden state stays resident: one staging per CTA
+    assert p["hn_offset"] % 16 == 0 and p["hn_offset"] >= 8 * B * p["splits"] * k
+    assert p["workspace_bytes"] == p["hn_offset"] + 4 * p["hn_rows"] * hs and p["hn_rows"] == mma["grid"][0] * bn
+    # float32, an H that is not a multiple of 8 or an unaligned LM head: the SIMT kernel
+    for other in (dict(dtype=FLOAT32), dict(dtype=dtype, aligned=0)):
+        q = plan("early_exit_topk", arch, B=B, H=H, V=V, k=k, **other)
+        assert "mma" not in q and (not served(q) or q["launches"][0]["kernel"] == "early_exit_split_kernel")
+    q = plan("early_exit_topk", arch, B=B, H=H + 3, V=V, k=k, dtype=dtype)
+    assert "mma" not in q
+
+
 # ---------------------------------------------------------------------------------- tree_attention
 @SETTINGS
 @given(arch=st.sampled_from(ARCHS), B=st.integers(0, 10**5), N=st.integers(1, 1024), Hkv=st.sampled_from([1, 2, 4, 8, 32]),
@@ -339,6 +387,45 @@ def test_tree_attention_d64_opts_in(compiled, arch, dtype, rows):
     assert launch["dynamic_smem"] == NO_OPT_IN and launch["static_smem"] == 128 and launch["opt_in"]
 
 
+@SETTINGS
+@given(arch=st.sampled_from(ARCHS), B=BATCH, N=st.integers(1, 2**29 + 2), V=st.integers(1, 2**23 + 2),
+       form=st.sampled_from([0, 1, 2]))
+@example(arch=90, B=1, N=8, V=128256, form=0)
+@example(arch=80, B=64, N=16, V=128256, form=0)
+@example(arch=90, B=3, N=4, V=2**23 - 1, form=0)
+@example(arch=90, B=64, N=16, V=128256, form=1)
+@example(arch=90, B=10**6, N=16, V=262144, form=2)
+def test_tree_rejection_sample_plans(compiled, arch, B, N, V, form):
+    """Split form, grid (B, chunks): every CTA of a row owns ids of each pass, the chunks' sums fit the 128
+    slots of the scratch. Cluster form (sm_90 only; auto picks it there when 16 slices of 16384 ids cover V),
+    grid (B * C) in clusters of C <= 16: the slices cover V exactly, scratch of state and rank table only, no
+    zeroed words. Both: the kernel's registers give the planned CTAs per SM, the buffers never grow with V."""
+    p = plan("tree_rejection_sample", arch, B=B, N=N, V=V, form=form)
+    assert_fits(p, arch, compiled)
+    cluster_fits = arch == 90 and -(-V // 16) <= 16384
+    assert served(p) == (V < 2**23 and N < 2**29 and (form != 2 or cluster_fits)), p
+    if not served(p):
+        return
+    cluster = form != 1 and cluster_fits
+    assert p["form"] == (2 if cluster else 1)
+    if cluster:
+        assert p["scratch_bytes"] == B * (8 + 2 * N) * 8 and p["zeroed_bytes"] == 0
+    else:
+        assert p["scratch_bytes"] == B * (8 + 2 * N + 128 * 3) * 8 and p["zeroed_bytes"] == B * 32
+    if B:
+        assert_residency(compiled, arch, p)
+        assert p["chunk"] % 8 == 0 and (p["chunks"] - 1) * p["chunk"] < V <= p["chunks"] * p["chunk"]
+    if B and cluster:
+        assert 1 <= p["cluster"] == p["chunks"] <= 16 and p["portable"] == (p["cluster"] <= 8)
+        one_wave = B * -(-V // MAX_CHUNK) <= 3 * _C.launch_limits(arch)["sms"]  # short slices while rows fit a wave
+        assert p["chunk"] <= (MAX_CHUNK if V <= 16 * MAX_CHUNK and one_wave else 16384)
+        assert p["launches"][0]["grid"] == (B * p["cluster"], 1, 1)
+        assert p["launches"][0]["kernel"] == "tree_rejection_cluster_kernel"
+    elif B:
+        assert 1 <= p["chunks"] <= 128 and p["cluster"] == 0
+        assert p["chunk"] <= max(MAX_CHUNK, -(-V // 128 // 8) * 8)  # past V = 2^20 the 128 slots set the chunk
+        assert p["launches"][0]["grid"] == (B, p["chunks"], 1)
+
 # ---------------------------------------------------------------------------------- routing
 @pytest.fixture(params=ARCHS)
 def pretend_gpu(request, monkeypatch):
@@ -371,8 +458,11 @@ ROUTES = [
     ("block_verify_logits", dict(B=2, G=4, V=151936, dtype=torch.float16), True),
     ("block_verify_logits", dict(B=1, G=40000, V=32000, dtype=torch.float32), False),
     ("tree_rejection_sample", dict(B=1, N=8, V=2**23, depth=4, dtype=torch.float32), False),
+    ("tree_rejection_sample", dict(B=10**5, N=8, V=151936, depth=4, dtype=torch.bfloat16), True),
     ("early_exit_topk", dict(B=8, H=16384, V=151936, k=8, dtype=torch.bfloat16), True),
-    ("early_exit_topk", dict(B=1, H=60000, V=151936, k=8, dtype=torch.bfloat16), False),
+    ("early_exit_topk", dict(B=1, H=60000, V=151936, k=8, dtype=torch.bfloat16), True),  # tensor-core k-blocks
+    ("early_exit_topk", dict(B=1, H=60000, V=151936, k=8, dtype=torch.float32), False),  # one SIMT row too big
+    ("early_exit_topk", dict(B=1, H=60001, V=151936, k=8, dtype=torch.bfloat16), False),  # H % 8: SIMT
     ("early_exit_topk", dict(B=1, H=60000, V=151936, k=32, dtype=torch.bfloat16), True),  # k > 16: the op's torch path
     ("tree_attention", dict(B=2, N=8, Hq=8, Hkv=8, D=64, capacity=4096, paged=False, dtype=torch.float16), True),
     ("tree_attention", dict(B=2, N=8, Hq=8, Hkv=8, D=512, capacity=4096, paged=True, dtype=torch.float16), False),

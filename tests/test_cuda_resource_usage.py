@@ -49,9 +49,10 @@ def kernels() -> list[dict]:
 def test_every_kernel_family_is_built_for_both_archs(kernels):
     families = ("tree_attention_mma_kernel", "tree_attention_simt_kernel", "greedy_verify_kernel",
                 "logit_verify_kernel", "max_prob_kernel", "rejection_sample_kernel",
-                "rejection_sample_logits_kernel", "tree_greedy_verify_kernel", "tree_rejection_sample_kernel",
-                "tree_rejection_sampled_kernel",
+                "rejection_sample_logits_kernel", "tree_greedy_verify_kernel", "tree_rejection_split_kernel",
+                "tree_rejection_cluster_kernel",
                 "kv_compact_kernel", "early_exit_split_kernel", "early_exit_merge_kernel",
+                "early_exit_normalize_kernel", "early_exit_mma_kernel",
                 "block_verify_kernel", "block_verify_logits_kernel", "softmax_stats_kernel")
     for family in families:
         assert {row["arch"] for row in kernels if family in row["name"]} >= ARCHS, family
@@ -60,6 +61,19 @@ def test_every_kernel_family_is_built_for_both_archs(kernels):
 def test_no_local_arrays_and_at_most_a_few_spilled_words(kernels):
     for row in kernels:
         assert row["local"] == 0 and row["stack"] <= SMALL_STACK, row
+
+
+def test_tree_rejection_cluster_kernel_is_built_for_sm90(kernels):
+    """The thread-block-cluster form runs on sm_90 only: there it fits the split kernel's 3 CTAs per SM
+    (<= 80 registers at 256 threads: 61440 of 65536) with at most a few spilled words; below sm_90 it is an
+    empty stub (the plan never launches it there)."""
+    rows = [row for row in kernels if "tree_rejection_cluster_kernel" in row["name"]]
+    assert {row["arch"] for row in rows} >= ARCHS and len(rows) == 6 * len({row["arch"] for row in rows})
+    for row in rows:
+        if row["arch"] == "sm_90":
+            assert row["reg"] <= 80 and row["stack"] <= SMALL_STACK, row
+        else:
+            assert row["reg"] <= 16 and row["stack"] == 0, row
 
 
 def test_tree_attention_d128_mma_kernels_do_not_spill(kernels):

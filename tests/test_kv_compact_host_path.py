@@ -1,7 +1,7 @@
 """kv_compact's host path: cache sets checked once and recognised by their metadata, and the stacked form.
 
 A set of per-layer caches that passed the checks is remembered under every tensor's address, shape,
-strides, dtype and device; any change to one of them (on the same tensor objects) must bring the full
+strides, dtype and device (the layout through torch's native guard, or Python tuples); any change to one of them (on the same tensor objects) must bring the full
 checks back, with today's errors. Two [L, B, Hkv, S_max, D] tensors are the other form of the caches:
 the same results and layout as their per-layer views, checked as two tensors.
 """
@@ -112,16 +112,50 @@ def test_the_batch_and_the_lengths_device_are_part_of_the_key(checks):
         ops.kv_compact(k, v, lens()[:1], accepted()[:1])
 
 
-def test_a_device_change_misses(monkeypatch):
-    """Only possible between devices of one type (cuda:0 -> cuda:1 through `.data`), so shown on the key."""
+@pytest.fixture(params=["native", "python"])
+def layout_kind(request, monkeypatch):
+    """Both ways of comparing a remembered set's layout: torch's native guard and the Python tuples."""
+    if request.param == "native" and _known_caches._TensorGuards is None:
+        pytest.skip("torch has no TensorGuards here")
+    if request.param == "python":
+        monkeypatch.setattr(_known_caches, "_TensorGuards", None)
     monkeypatch.setattr(_known_caches, "_known", {})
+    return request.param
+
+
+def test_the_layout_is_compared_natively_where_torch_can(layout_kind):
+    k, v = separate_caches()
+    tensors = (*k, *v)
+    layout = _known_caches.layout_of(tensors)
+    assert isinstance(layout, tuple) == (layout_kind == "python")
+    assert _known_caches.same_layout(layout, tensors)
+
+
+@pytest.mark.parametrize("change", [_resize, _restride, _retype], ids=["shape", "strides", "dtype"])
+def test_either_layout_misses_a_tensor_changed_in_place(layout_kind, change):
+    """The key's head (the addresses) still matches: the layout comparison alone must miss."""
     k, v = separate_caches()
     tensors = (*k, *v)
     set_key = _known_caches.key(tensors, B, torch.device("cpu"))
     assert _known_caches.remember(set_key, tensors) is _known_caches.lookup(set_key)
-    head, (strides, metadata) = set_key
-    moved = tuple((shape, dtype, torch.device("cuda", 1)) for shape, dtype, _ in metadata)
-    assert _known_caches.lookup((head, (strides, moved))) is None
+    change(v)
+    assert _known_caches.key(tensors, B, torch.device("cpu"))[0] == set_key[0]
+    assert _known_caches.lookup(_known_caches.key(tensors, B, torch.device("cpu"))) is None
+
+
+def test_a_device_change_misses(layout_kind, monkeypatch):
+    """Only possible between devices of one type (cuda:0 -> cuda:1 through `.data`): shown here with the
+    device index the Python layout reads, and with a meta tensor for the native guard (its dispatch keys)."""
+    k, v = separate_caches()
+    tensors = (*k, *v)
+    set_key = _known_caches.key(tensors, B, torch.device("cpu"))
+    assert _known_caches.remember(set_key, tensors) is _known_caches.lookup(set_key)
+    if layout_kind == "python":
+        monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 1)
+        assert _known_caches.lookup(set_key) is None
+    else:
+        moved = (*tensors[:-1], torch.empty_like(tensors[-1], device="meta"))
+        assert _known_caches.lookup((set_key[0], moved)) is None
 
 
 def test_traced_tensors_are_not_keyed():

@@ -169,8 +169,13 @@ def tree_parents(batch, n, shape):
     return parents.expand(batch, n).contiguous()
 
 
+# tree_greedy_verify's walk kernel runs once B * N > SPLIT_ROWS_PER_LEVEL * (depth + 1) (640 per level):
+# every tree from B = 650 on (the logits are never touched: virtual memory only)
+WALK_B_VALUES = (650, 700)
+
+
 def tree_verify_cases(op, ops):
-    for batch in B_VALUES:
+    for batch in B_VALUES + (WALK_B_VALUES if op == "tree_greedy_verify" else ()):
         for n in G_VALUES:
             tokens = torch.zeros(batch, n, dtype=torch.int64)
             if op == "tree_greedy_verify":

@@ -26,12 +26,16 @@ from .tree_verify_sampling import launch_limits as rejection_limits
 from .tree_verify_sampling import launch_rejection as _launch_rejection
 
 BLOCK_V = 1024  # vocabulary elements per tile (power of two)
-# tree_greedy_verify at small B reads every node the walk could reach, split over V, in
-# parallel; otherwise one program per row walks and streams only the visited rows, one
-# after another at the speed of one SM. The parallel read wins while B * N stays below
-# about (max_depth + 1) times the ratio of HBM to one SM's bandwidth: this estimate of
-# that ratio is to be tuned on a GPU.
-SPLIT_ROWS_PER_LEVEL = 32
+# tree_greedy_verify either reads every node the walk could reach, split over V, in parallel
+# (the CUDA kernel's way), or has one program per row walk and stream only the visited rows,
+# one after another at the speed of one SM. The parallel read wins while B * N stays below
+# (max_depth + 1) times the ratio of one visited row's walk time to one row's share of the
+# parallel read. The H100 rows (bench/results/gpu_checks_h100_2026-11-27/call3_verify_kv,
+# V 128256 bf16) give 85-115 us per visited row for the walk against 0.12 us per row (+7 us)
+# for the parallel read: about 650 rows per level even when every row rejects at the root.
+# The old guess, 32, sent B = 64 to the walk: 327 us against CUDA's 46.
+# tests/test_triton_tree_greedy_split_rule.py derives the ratio from that file again.
+SPLIT_ROWS_PER_LEVEL = 640
 
 
 # ------------------------------------------------------------------ device helpers
