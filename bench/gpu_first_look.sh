@@ -61,7 +61,7 @@ status=0
 # Each call's stages and their budgets in seconds, in order. Branches joined by "|" run side by side (the wall
 # they take is the longest branch); "+" chains stages inside a branch. The wall must fit the 540 s of a call.
 declare -A PLAN=(
-  [first]="facts:15 build:60 selftest:170|tests:170 probe:80 e2e:200 digest:5"
+  [first]="facts:15 build:60 selftest:170|tests:170 probe:120 e2e:160 digest:5"
   [second]="facts:15 build:60 memcheck:150+racecheck:150|tests:450 digest:5"
   [grids]="facts:15 build:60 verify:100 tree_attention:90 kv_compact:40 early_exit_topk:60 e2e:165 digest:5"
 )

@@ -1,4 +1,4 @@
-"""The timing probe of the first GPU look: the timings that decide what to optimise next, in about a minute.
+"""The timing probe of the first GPU look: the timings that decide what to optimise next, in about 90 s.
 
 Each row is one implementation at one shape, in microseconds and as a percentage of its bound, appended to
 OUT as one JSON line the moment it is measured (a probe cut off by its timeout keeps every row it finished).
@@ -24,7 +24,7 @@ every "% of bound" is bench/_bound.py's: the bytes the op must move / time / the
              lists them as skipped; `--sections targets` runs them alone
 The end-to-end figures are bench/e2e.py's (the first look's e2e stage), not the probe's.
 
-    python bench/gpu_probe.py --out probe.jsonl                  # on a GPU (~60 s on an H100, an estimate)
+    python bench/gpu_probe.py --out probe.jsonl                  # on a GPU (~90 s on an H100, an estimate)
     python bench/gpu_probe.py --dry-run --out /tmp/probe.jsonl   # CPU stand-in: tiny shapes, Triton
                                                                  # interpreted, no timing claims
 

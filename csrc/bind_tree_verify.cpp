@@ -454,6 +454,25 @@ std::map<std::string, int64_t> run_cluster(Launch& l, int64_t B, int cluster, ui
 
 }  // namespace emu
 
+// The launcher's arguments (CPU addresses, element strides) as the emulators read them; ctas: CTAs per
+// row (the split form's chunk count, the cluster size). Scratch and ticket words are the caller's.
+emu::Launch launch_of(uint64_t target, int64_t t_sb, int64_t t_sn, uint64_t draft, int64_t q_sb, int64_t q_sn,
+                      uint64_t tokens, int64_t tokens_sb, int64_t tokens_sn, uint64_t parents, int64_t parents_sb,
+                      int64_t parents_sn, uint64_t uniforms, bool uniforms_double, int64_t u_sb, int64_t u_sn,
+                      int64_t seed, uint64_t seeds, int64_t seeds_stride, uint64_t offsets, int64_t offsets_stride,
+                      uint64_t out_tokens, uint64_t num_accepted, uint64_t accepted_nodes, int64_t N, int64_t V,
+                      int64_t max_depth, int64_t chunk, int ctas, bool without_replacement) {
+  return emu::Launch{specdec::device_ptr<const float>(target), t_sb, t_sn, specdec::device_ptr<const float>(draft),
+                     q_sb, q_sn, index_matrix(tokens, tokens_sb, tokens_sn),
+                     index_matrix(parents, parents_sb, parents_sn),
+                     specdec::TreeRandomness{specdec::device_ptr<const void>(uniforms), uniforms_double ? 1 : 0, u_sb,
+                                             u_sn, seed, specdec::device_ptr<const int64_t>(seeds), seeds_stride,
+                                             specdec::device_ptr<const int64_t>(offsets), offsets_stride},
+                     specdec::device_ptr<int64_t>(out_tokens), specdec::device_ptr<int64_t>(num_accepted),
+                     specdec::device_ptr<int64_t>(accepted_nodes), static_cast<int>(N), static_cast<int>(V), max_depth,
+                     chunk, ctas, without_replacement, {}, {}, 0};
+}
+
 // The cluster walk on the host (see emu::run_cluster): the split emulator's inputs, `cluster` CTAs a
 // row owning slices of `chunk` ids (a multiple of 4; ceil(V / chunk) <= cluster <= 16: the slices
 // cover V, trailing ones may be empty). Returns counters (stages, slice passes, barriers, rescans).
@@ -471,14 +490,10 @@ std::map<std::string, int64_t> host_tree_rejection_cluster(
     throw std::invalid_argument(std::string(op) + "cluster must be in [1, 16]");
   }
   if ((V + chunk - 1) / chunk > cluster) throw std::invalid_argument(std::string(op) + "the slices do not cover V");
-  emu::Launch l{specdec::device_ptr<const float>(target), t_sb, t_sn, specdec::device_ptr<const float>(draft), q_sb,
-                q_sn, index_matrix(tokens, tokens_sb, tokens_sn), index_matrix(parents, parents_sb, parents_sn),
-                specdec::TreeRandomness{specdec::device_ptr<const void>(uniforms), uniforms_double ? 1 : 0, u_sb, u_sn,
-                                        seed, specdec::device_ptr<const int64_t>(seeds), seeds_stride,
-                                        specdec::device_ptr<const int64_t>(offsets), offsets_stride},
-                specdec::device_ptr<int64_t>(out_tokens), specdec::device_ptr<int64_t>(num_accepted),
-                specdec::device_ptr<int64_t>(accepted_nodes), static_cast<int>(N), static_cast<int>(V), max_depth,
-                chunk, cluster, without_replacement, {}, {}, 0};
+  emu::Launch l = launch_of(target, t_sb, t_sn, draft, q_sb, q_sn, tokens, tokens_sb, tokens_sn, parents, parents_sb,
+                            parents_sn, uniforms, uniforms_double, u_sb, u_sn, seed, seeds, seeds_stride, offsets,
+                            offsets_stride, out_tokens, num_accepted, accepted_nodes, N, V, max_depth, chunk, cluster,
+                            without_replacement);
   // the cluster form's per-row layout (state, rank table), garbage-filled; one spare row so that the
   // (unused) chunk-sum pointer of the last row stays inside the buffer
   l.stride = specdec::plans::kTreeRejectionStateWords + 2 * N;
@@ -506,14 +521,10 @@ std::map<std::string, int64_t> host_tree_rejection_split(
   if (chunks > specdec::plans::kTreeRejectionMaxChunks) {
     throw std::invalid_argument(std::string(op) + "more chunks than the workspace holds (128)");
   }
-  emu::Launch l{specdec::device_ptr<const float>(target), t_sb, t_sn, specdec::device_ptr<const float>(draft), q_sb,
-                q_sn, index_matrix(tokens, tokens_sb, tokens_sn), index_matrix(parents, parents_sb, parents_sn),
-                specdec::TreeRandomness{specdec::device_ptr<const void>(uniforms), uniforms_double ? 1 : 0, u_sb, u_sn,
-                                        seed, specdec::device_ptr<const int64_t>(seeds), seeds_stride,
-                                        specdec::device_ptr<const int64_t>(offsets), offsets_stride},
-                specdec::device_ptr<int64_t>(out_tokens), specdec::device_ptr<int64_t>(num_accepted),
-                specdec::device_ptr<int64_t>(accepted_nodes), static_cast<int>(N), static_cast<int>(V), max_depth,
-                chunk, static_cast<int>(chunks), without_replacement, {}, {}, 0};
+  emu::Launch l = launch_of(target, t_sb, t_sn, draft, q_sb, q_sn, tokens, tokens_sb, tokens_sn, parents, parents_sb,
+                            parents_sn, uniforms, uniforms_double, u_sb, u_sn, seed, seeds, seeds_stride, offsets,
+                            offsets_stride, out_tokens, num_accepted, accepted_nodes, N, V, max_depth, chunk, static_cast<int>(chunks),
+                            without_replacement);
   // the plan's per-row layout, garbage-filled: every word the walk reads must have been written first
   l.stride = specdec::plans::kTreeRejectionStateWords + 2 * N +
              specdec::plans::kTreeRejectionMaxChunks * specdec::plans::kTreeRejectionPartWords;

@@ -36,7 +36,7 @@ SPECDEC_HD int64_t residual_update(int64_t r, double total, float q) {
   return d > 0 ? d : 0;
 }
 
-// ---- siblings drawn from one q without replacement (reference `_without_replacement`) ----
+// ---- siblings drawn from one q without replacement (reference `_WithoutReplacement`) ----
 // With Q = to_weight(q) and, per rejected rank i >= 1, the float64 scale c_i = S_i / T'_i
 // (the residual's total over the q mass left off the tokens rejected before rank i):
 //   R_1 = to_weight(p - q),  R_{i+1}(v) = max(0, R_i(v) - floor(c_i * Q(v)))  for v not rejected

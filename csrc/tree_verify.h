@@ -85,7 +85,7 @@ TreeRejectionPlan tree_rejection_sample_plan(int64_t B, int64_t N, int64_t V, in
 // their own element strides. workspace: plan.workspace_bytes, 8-byte aligned, any content;
 // zeroed_workspace: plan.zeroed_bytes, zeroed and 8-byte aligned, left zeroed.
 // without_replacement: siblings drawn from one q without replacement (draft row v
-// is the q v's children came from; reference `_without_replacement`), else each
+// is the q v's children came from; reference `_WithoutReplacement`), else each
 // child c from its own q = draft row c. The plan and workspaces are the same.
 void launch_tree_rejection_sample(const void* target_probs, int64_t target_stride_b,
                                   int64_t target_stride_n, const void* draft_probs,

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from specdec_kernels.common import cuda_module as _cuda_module
+from specdec_kernels.common.limits import FUSED_MAX_K
 from specdec_kernels.reference.early_exit import normalize
 
 from early_exit_support import assert_topk_matches, random_inputs
@@ -71,11 +72,12 @@ def plan_values(B, H, V, k, dtype, arch=90):
     return p
 
 
-def emulate(hidden, norm_weight, weight, k, *, norm="rms", norm_bias=None, per_split=None, k_block=None, arch=90):
+def emulate(hidden, norm_weight, weight, k, *, norm="rms", norm_bias=None, per_split=None, k_block=None, arch=90,
+            eps=1e-6):
     B, H = hidden.shape
     V = weight.shape[0]
     p = plan_values(B, H, V, k, weight.dtype, arch)
-    hn = normalize(hidden, None if norm == "none" else norm_weight, norm_bias, eps=1e-6, norm=norm)
+    hn = normalize(hidden, None if norm == "none" else norm_weight, norm_bias, eps=eps, norm=norm)
     bits = weight.view(torch.int16).flatten().tolist()
     values, ids = _C.host_early_exit_mma(hn.flatten().tolist(), bits, B, H, V, k, CODES[weight.dtype],
                                          per_split or p["per_split"], k_block or p["k_block"], p["n_tiles"])
@@ -131,3 +133,25 @@ def test_bad_arguments_name_themselves():
         _C.host_early_exit_mma([0.0] * 12, [0] * 36, 1, 12, 3, 1, 2, 128, 32, 1)
     with pytest.raises(ValueError, match="per_split"):
         _C.host_early_exit_mma([0.0] * 8, [0] * 24, 1, 8, 3, 1, 2, 100, 32, 1)
+
+
+@pytest.mark.parametrize("profile", ["tiny", "quick"])
+def test_emulated_kernel_over_the_case_catalog(profile):
+    """Every case of the early-exit catalog that the tensor-core path takes (fp16/bf16 weights,
+    H % 8 == 0, B > 0, k <= FUSED_MAX_K: random rows at every norm and k, ties, NaN rows, strided
+    rows, k = V), judged by the case's own comparison with the reference."""
+    from specdec_kernels.selftest.cases_early_exit import early_exit_cases
+
+    ran = []
+    for case in early_exit_cases(profile, torch.device("cpu")):
+        x = case.build(0)
+        weight, (batch, hidden_size) = x["lm_head_weight"], x["hidden"].shape
+        if weight.dtype not in CODES or hidden_size % 8 or batch == 0 or x["k"] > FUSED_MAX_K:
+            continue
+        got = emulate(x["hidden"], x.get("norm_weight"), weight.contiguous(), x["k"], norm=x.get("norm", "rms"),
+                      norm_bias=x.get("norm_bias"), eps=x.get("eps", 1e-6))
+        want = case.reference(x) if case.reference else case.run(x, "torch")
+        _, problem = case.compare(got, want, x)
+        assert problem is None, f"{case.name}: {problem}"
+        ran.append(case.name)
+    assert len(ran) >= 30, ran  # 32 at tiny, 30 at quick

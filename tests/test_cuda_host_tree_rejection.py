@@ -152,7 +152,7 @@ def test_host_residual_is_the_reference(dtype):
 
 def reference_sampled_residual(p, q, rejected):
     """R after the rejected tokens, [S_1..S_k] and the scales, with the expressions of
-    reference/tree_verify.py `_without_replacement` (float32 rows, one q for all siblings)."""
+    reference/tree_verify.py `_WithoutReplacement` (float32 rows, one q for all siblings)."""
     q_weights = to_weights(q)
     weights = to_weights(p - q)
     q_left = int(q_weights.sum())
@@ -237,19 +237,23 @@ def _same(got, want):
 SCHEDULES = ((4, 1, 0), (8, 3, 1), (16, 64, 2), (2048, 2, 3))
 
 
+def tiny_cases():
+    """(case, inputs, the reference's outputs) of every non-empty tiny-profile case (more than 50)."""
+    cases = _rejection_cases("tiny")
+    assert len(cases) > 50
+    for case in cases:
+        x = case.build(0)
+        if x["tree_tokens"].shape[0]:
+            yield case, x, case.run(dict(x), "torch")
+
+
 @pytest.mark.parametrize("chunk, resident, schedule", SCHEDULES)
 def test_split_walk_emulation_is_the_reference_over_the_catalog(chunk, resident, schedule):
     """Every tiny-profile tree_rejection_sample case (both sibling rules, uniforms float32/64, seeds,
     per-row seeds and offsets, int32 and strided indices and strides, NaN/inf/zero/negative rows,
     ids outside [0, V), depth cuts): the emulated kernel's outputs equal the reference's."""
-    cases = _rejection_cases("tiny")
-    assert len(cases) > 50
     ran, waits, passes, wr = 0, 0, 0, 0
-    for case in cases:
-        x = case.build(0)
-        if x["tree_tokens"].shape[0] == 0:
-            continue
-        want = case.run(dict(x), "torch")
+    for case, x, want in tiny_cases():
         vocab = x["target_probs"].shape[-1]
         if -(-vocab // chunk) > 128:
             continue
@@ -264,21 +268,35 @@ def test_split_walk_emulation_is_the_reference_over_the_catalog(chunk, resident,
     assert (waits > 0) == (resident > 1 and chunk < 300)
 
 
-def test_split_walk_emulation_at_production_vocabularies():
-    """The quick profile's cases at V up to 32000 (B up to 4, N up to 16), the plan's chunk size."""
-    checked = 0
+def production_cases():
+    """(case, inputs, the reference's outputs, (B, N, V)) of the quick profile at V from 1000 up to 32000
+    (B * N * V up to 4 * 16 * 32000)."""
     for case in _rejection_cases("quick"):
         x = case.build(1)
         batch, n = x["tree_tokens"].shape
         vocab = x["target_probs"].shape[-1]
-        if batch == 0 or batch * n * vocab > 4 * 16 * 32000 or vocab < 1000:
-            continue
-        want = case.run(dict(x), "torch")
+        if batch and batch * n * vocab <= 4 * 16 * 32000 and vocab >= 1000:
+            yield case, x, case.run(dict(x), "torch"), (batch, n, vocab)
+
+
+def test_split_walk_emulation_at_production_vocabularies():
+    """The quick profile's cases at V up to 32000 (B up to 4, N up to 16), the plan's chunk size."""
+    checked = 0
+    for case, x, want, (batch, n, vocab) in production_cases():
         chunk = _C.tree_rejection_sample_plan(batch, n, vocab, 90, 1)["chunk"]
         got, _ = _emulate(x, chunk=chunk, resident=7, schedule_seed=checked)
         assert _same(got, want), case.name
         checked += 1
     assert checked >= 10
+
+
+def flat_root_rows(batch, siblings):
+    """B root-only trees over a flat p of V = 64: row b's final uniform b / 64 + 1e-9 draws id b."""
+    vocab = 64
+    flat = torch.full((batch, 1, vocab), 1.0 / vocab)
+    return dict(target_probs=flat, draft_probs=flat.clone(), tree_tokens=torch.zeros(batch, 1, dtype=torch.int64),
+                parents=torch.full((batch, 1), -1, dtype=torch.int64), max_depth=0, siblings=siblings,
+                uniforms=(torch.arange(batch, dtype=torch.float64) / vocab + 1e-9).unsqueeze(1))
 
 
 @pytest.mark.parametrize("siblings", ("independent", "without_replacement"))
@@ -287,14 +305,8 @@ def test_final_draw_crosses_chunk_boundaries(siblings):
     draw's chunk search and rescan land on every chunk and every offset inside one."""
     from specdec_kernels import reference
 
-    vocab, batch = 64, 64
-    target = torch.full((batch, 1, vocab), 1.0 / vocab)
-    draft = torch.full((batch, 1, vocab), 1.0 / vocab)
-    tokens = torch.zeros(batch, 1, dtype=torch.int64)
-    parents = torch.full((batch, 1), -1, dtype=torch.int64)
-    uniforms = (torch.arange(batch, dtype=torch.float64) / batch + 1e-9).unsqueeze(1)
-    x = dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents, max_depth=0,
-             uniforms=uniforms, siblings=siblings)
+    batch = 64
+    x = flat_root_rows(batch, siblings)
     got, stats = _emulate(x, chunk=8, resident=5, schedule_seed=9)
     want = reference.tree_rejection_sample(**x)
     assert _same(got, want) and got[0][:, 0].tolist() == list(range(batch))
@@ -352,13 +364,8 @@ def test_cluster_walk_emulation_is_the_reference_over_the_catalog(cluster, sprea
     """The split emulator's catalog (both sibling rules, uniforms float32/64, seeds, per-row seeds and
     offsets, int32 and strided inputs, NaN/inf/zero/negative rows, ids outside [0, V), depth cuts) through
     the cluster protocol with fixed slices: the outputs equal the reference's."""
-    cases = _rejection_cases("tiny")
     ran, passes, wr, rescans = 0, 0, 0, 0
-    for case in cases:
-        x = case.build(0)
-        if x["tree_tokens"].shape[0] == 0:
-            continue
-        want = case.run(dict(x), "torch")
+    for case, x, want in tiny_cases():
         chunk, c = _slices(x["target_probs"].shape[-1], cluster, spread)
         got, stats = _emulate_cluster(x, chunk=chunk, cluster=c, schedule_seed=schedule)
         assert _same(got, want), (case.name, got, want)
@@ -373,13 +380,7 @@ def test_cluster_walk_emulation_is_the_reference_over_the_catalog(cluster, sprea
 def test_cluster_walk_emulation_at_production_vocabularies():
     """The quick profile's cases at V up to 32000 with the sm_90 plan's cluster size and slices."""
     checked = multi = 0
-    for case in _rejection_cases("quick"):
-        x = case.build(1)
-        batch, n = x["tree_tokens"].shape
-        vocab = x["target_probs"].shape[-1]
-        if batch == 0 or batch * n * vocab > 4 * 16 * 32000 or vocab < 1000:
-            continue
-        want = case.run(dict(x), "torch")
+    for case, x, want, (batch, n, vocab) in production_cases():
         plan = _C.tree_rejection_sample_plan(batch, n, vocab, 90, 0)
         assert plan["form"] == "cluster"
         got, _ = _emulate_cluster(x, chunk=plan["chunk"], cluster=plan["cluster"], schedule_seed=checked)
@@ -395,14 +396,8 @@ def test_cluster_final_draw_crosses_slice_boundaries(siblings):
     owner search and the owner's rescan land on every slice and every offset inside one."""
     from specdec_kernels import reference
 
-    vocab, batch = 64, 64
-    target = torch.full((batch, 1, vocab), 1.0 / vocab)
-    draft = torch.full((batch, 1, vocab), 1.0 / vocab)
-    tokens = torch.zeros(batch, 1, dtype=torch.int64)
-    parents = torch.full((batch, 1), -1, dtype=torch.int64)
-    uniforms = (torch.arange(batch, dtype=torch.float64) / batch + 1e-9).unsqueeze(1)
-    x = dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents, max_depth=0,
-             uniforms=uniforms, siblings=siblings)
+    batch = 64
+    x = flat_root_rows(batch, siblings)
     got, stats = _emulate_cluster(x, chunk=8, cluster=8, schedule_seed=9)
     want = reference.tree_rejection_sample(**x)
     assert _same(got, want) and got[0][:, 0].tolist() == list(range(batch))

@@ -90,6 +90,16 @@ def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, ma
     return out_tokens, num_accepted, accepted_nodes
 
 
+def _host_inputs(target_probs, draft_probs, tree_tokens, parents, max_depth, uniforms, seed, offsets):
+    """What a host emulation takes: (outputs, the launcher's pointer arguments up to the outputs', tensors to
+    keep alive). fp16/bf16 rows are widened to float32 first, exactly as the kernel widens each element."""
+    target_probs = target_probs if target_probs.dtype == torch.float32 else target_probs.float()
+    draft_probs = draft_probs if draft_probs.dtype == torch.float32 else draft_probs.float()
+    outputs = tree_outputs(tree_tokens, max_depth)
+    args, alive = _rejection_args(target_probs, draft_probs, tree_tokens, parents, uniforms, seed, offsets)
+    return outputs, (*args, *(t.data_ptr() for t in outputs)), (target_probs, draft_probs, *alive)
+
+
 def emulate_rejection_on_host(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None,
                               seed=None, offsets=None, siblings: str = "independent", chunk: int = 2048,
                               resident: int = 4, schedule_seed: int = 0):
@@ -97,16 +107,12 @@ def emulate_rejection_on_host(target_probs, draft_probs, tree_tokens, parents, *
     kernel's SPECDEC_HD walk, chunk arithmetic and claim protocol, CTAs interleaved by a seeded
     scheduler, at most `resident` at once). CPU tensors; fp16/bf16 rows are widened to float32 first,
     exactly as the kernel widens each element. Returns the outputs and the run's counters. Testing only."""
-    lib = library()
     batch, n, vocab = target_probs.shape
-    target_probs = target_probs if target_probs.dtype == torch.float32 else target_probs.float()
-    draft_probs = draft_probs if draft_probs.dtype == torch.float32 else draft_probs.float()
-    out_tokens, num_accepted, accepted_nodes = tree_outputs(tree_tokens, max_depth)
-    args, _alive = _rejection_args(target_probs, draft_probs, tree_tokens, parents, uniforms, seed, offsets)
-    stats = lib.host_tree_rejection_split(
-        *args, out_tokens.data_ptr(), num_accepted.data_ptr(), accepted_nodes.data_ptr(), batch, n, vocab, max_depth,
-        siblings == "without_replacement", chunk, resident, schedule_seed)
-    return (out_tokens, num_accepted, accepted_nodes), stats
+    outputs, pointers, _alive = _host_inputs(target_probs, draft_probs, tree_tokens, parents, max_depth, uniforms,
+                                             seed, offsets)
+    stats = library().host_tree_rejection_split(*pointers, batch, n, vocab, max_depth,
+                                                siblings == "without_replacement", chunk, resident, schedule_seed)
+    return outputs, stats
 
 
 def emulate_cluster_on_host(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None,
@@ -116,16 +122,13 @@ def emulate_cluster_on_host(target_probs, draft_probs, tree_tokens, parents, *, 
     the kernel's SPECDEC_HD walk and slice arithmetic, `cluster` CTAs a row owning slices of `chunk` ids,
     in lockstep phases). CPU tensors, widened to float32 as the kernel widens each element. mutate 1/2
     plant protocol bugs (stale partials, a slice never summed). Returns the outputs and the counters."""
-    lib = library()
     batch, n, vocab = target_probs.shape
-    target_probs = target_probs if target_probs.dtype == torch.float32 else target_probs.float()
-    draft_probs = draft_probs if draft_probs.dtype == torch.float32 else draft_probs.float()
-    out_tokens, num_accepted, accepted_nodes = tree_outputs(tree_tokens, max_depth)
-    args, _alive = _rejection_args(target_probs, draft_probs, tree_tokens, parents, uniforms, seed, offsets)
-    stats = lib.host_tree_rejection_cluster(
-        *args, out_tokens.data_ptr(), num_accepted.data_ptr(), accepted_nodes.data_ptr(), batch, n, vocab, max_depth,
-        siblings == "without_replacement", chunk, cluster, schedule_seed, mutate)
-    return (out_tokens, num_accepted, accepted_nodes), stats
+    outputs, pointers, _alive = _host_inputs(target_probs, draft_probs, tree_tokens, parents, max_depth, uniforms,
+                                             seed, offsets)
+    stats = library().host_tree_rejection_cluster(*pointers, batch, n, vocab, max_depth,
+                                                  siblings == "without_replacement", chunk, cluster, schedule_seed,
+                                                  mutate)
+    return outputs, stats
 
 
 register("tree_greedy_verify", "cuda", tree_greedy_verify,

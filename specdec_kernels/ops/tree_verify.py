@@ -121,7 +121,7 @@ def tree_rejection_sample(target_probs: Tensor, draft_probs: Tensor, tree_tokens
     produced (id outside [0, V), zero draft weight, a rejected sibling's token again) is skipped.
     Lossless when the children are such draws (a prefix of them, in draw order, whose presence
     does not depend on its own value). One child per node reproduces the default rule.
-    Fixed point (reference/tree_verify.py `_without_replacement`): the first child uses q_v(x)
+    Fixed point (reference/tree_verify.py `_WithoutReplacement`): the first child uses q_v(x)
     as given, like rejection_sample; later ones q_v's weights over their total T less the
     rejected siblings' weights. decoding/draft_tree.py drafts such trees (siblings="sampled").
 

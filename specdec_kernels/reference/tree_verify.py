@@ -108,80 +108,90 @@ class _Coins:
         return self.uniforms[:, 0].to(torch.float64)
 
 
-def _start_sampling(tree_tokens, parents, max_depth, uniforms, seed, offsets):
-    """(int64 tree tokens, children table, walk state, coins) of a sampling walk."""
-    tree_tokens, parents = as_int64(tree_tokens), as_int64(parents)
-    walk = _Walk(tree_tokens, max_depth)
-    coins = _Coins(uniforms, seed, offsets, tree_tokens.shape[0], tree_tokens.device)
-    return tree_tokens, children_table(parents), walk, coins
-
-
 def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None,
                           seed=None, offsets=None, siblings: str = "independent"):
     """Multi-draft speculative sampling over a tree (SpecInfer-style recursive rejection).
 
-    At node `cur` with target distribution p = target_probs[b, cur], children c_1, c_2, ...
-    are tried in index order; child c was drawn from q_c = draft_probs[b, c]. The first
-    child is accepted when u * q(x) < p(x) (the chain rule); after each rejection the
-    target becomes the normalised residual r <- norm(max(0, r - q_c)), kept in fixed point
-    (weights R with total S, r = R / S) so that every backend can reproduce it exactly:
-      R_1 = to_weights(p - q_c1);   later children:  accept iff (u * q(x)) * S < R(x);
-      after a later rejection  R <- max(0, R - floor(S * q_c))  (q_c with NaN/inf -> 1).
-    Accepting moves to the child; when every child is rejected (or at a leaf or at depth
-    max_depth: the bonus) the row emits a draw from r, falling back to p, then to argmax.
-    Lossless when each child's token was drawn independently from its q_c (i.i.d. siblings
-    from one q, or deterministic distinct siblings with one-hot q_c).
-    siblings="without_replacement" switches to the sampled-siblings rule (see
-    `_without_replacement`); the default "independent" is the rule above.
+    One walk for both sibling rules: at node `cur` with target distribution p =
+    target_probs[b, cur], children are tried in index order under the rule `siblings` names
+    (`_Independent`, the default, or `_WithoutReplacement`), which keeps the residual after
+    each rejection in fixed point (weights R with total S, r = R / S) so that every backend
+    can reproduce it exactly. Accepting moves to the child; when every child is rejected (or
+    at a leaf or at depth max_depth: the bonus) the row emits a draw from the residual,
+    falling back to p, then to argmax.
     Randomness: uniforms [B, N] (column c is node c's coin, column 0 the final draw) or
     counter-based draws: node coins at (seed, offsets[b] + depth - 1, row, ACCEPT, sibling
     rank) and the final draw at (seed, offsets[b] + depth of the last node, row, FINAL), so
     a chain-shaped tree reproduces `rejection_sample` in both modes.
     """
-    if siblings == SIBLINGS_WITHOUT_REPLACEMENT:
-        return _without_replacement(target_probs, draft_probs, tree_tokens, parents, max_depth=max_depth,
-                                    uniforms=uniforms, seed=seed, offsets=offsets)
-    tree_tokens, children, walk, coins = _start_sampling(tree_tokens, parents, max_depth, uniforms, seed, offsets)
-    batch, device = tree_tokens.shape[0], tree_tokens.device
+    rule = _WithoutReplacement if siblings == SIBLINGS_WITHOUT_REPLACEMENT else _Independent
+    tree_tokens, parents = as_int64(tree_tokens), as_int64(parents)
+    children = children_table(parents)
+    walk = _Walk(tree_tokens, max_depth)
+    coins = _Coins(uniforms, seed, offsets, tree_tokens.shape[0], tree_tokens.device)
     for level in walk.levels(max_depth):
-        rows, cur = walk.rows, walk.cur
-        p = target_probs[rows, cur].float()  # [B, V]
-        weights = to_weights(p)  # meaningful only where rejected_any
-        rejected_any = torch.zeros(batch, dtype=torch.bool, device=device)
-        accepted_child = torch.full((batch,), -1, dtype=torch.int64, device=device)
-        for rank in range(children.shape[2] if level < max_depth else 0):  # no children past max_depth
-            child, trying, safe_child = walk.sibling(children, rank, accepted_child)
+        p = target_probs[walk.rows, walk.cur].float()  # [B, V]
+        node = rule(p, draft_probs, walk.rows, walk.cur)
+        accepted_child = torch.full_like(walk.cur, -1)
+        for slot in range(children.shape[2] if level < max_depth else 0):  # no children past max_depth
+            child, trying, safe_child = walk.sibling(children, slot, accepted_child)
             if not bool(trying.any()):
                 break
-            q = draft_probs[rows, safe_child].float()
-            x = tree_tokens[rows, safe_child]
-            u = coins.accept(rows, safe_child, level, rank)
-            p_x, in_range = gather_token_values(p, x)
-            q_x, _ = gather_token_values(q, x)
-            r_x = weights.gather(1, x.clamp(0, weights.shape[1] - 1).unsqueeze(1)).squeeze(1)  # exact: <= 2^40
-            total = weights.sum(dim=1).double()
-            first_rule = u * q_x.double() < p_x.double()
-            later_rule = (u * q_x.double()) * total < r_x.to(torch.float64)
-            accept = trying & in_range & torch.where(rejected_any, later_rule, first_rule)
-            accepted_child = torch.where(accept, child, accepted_child)
-            rejected = trying & ~accept
-            q_clean = torch.nan_to_num(q, nan=1.0, posinf=1.0, neginf=0.0).clamp(0.0, 1.0).double()
-            later_weights = (weights - torch.floor(total.unsqueeze(1) * q_clean).to(torch.int64)).clamp(min=0)
-            new_weights = torch.where(rejected_any.unsqueeze(1), later_weights, to_weights(p - q))
-            weights = torch.where(rejected.unsqueeze(1), new_weights, weights)
-            rejected_any |= rejected
-        u_final = coins.final(level)
-        final = sample_with_fallback(weights, to_weights(p), u_final)
+            x = tree_tokens[walk.rows, safe_child]
+            u = coins.accept(walk.rows, safe_child, level, node.rank(slot))
+            accepted_child = torch.where(node.test(trying, safe_child, x, u), child, accepted_child)
+        final = sample_with_fallback(node.residual(), to_weights(p), coins.final(level))
         walk.advance(accepted_child, final)
     return walk.outputs()
 
 
-def _without_replacement(target_probs, draft_probs, tree_tokens, parents, *, max_depth, uniforms, seed, offsets):
-    """Recursive rejection sampling with siblings drawn WITHOUT replacement (Jeon et al. 2024).
+class _Independent:
+    """Siblings drawn independently: child c was drawn from its own q_c = draft_probs[b, c] (i.i.d.
+    siblings from one q, or deterministic distinct siblings with one-hot q_c), lossless then.
+    The first child is accepted when u * q(x) < p(x) (the chain rule); after each rejection the
+    target becomes the normalised residual r <- norm(max(0, r - q_c)):
+      R_1 = to_weights(p - q_c1);   later children:  accept iff (u * q(x)) * S < R(x);
+      after a later rejection  R <- max(0, R - floor(S * q_c))  (q_c with NaN/inf -> 1).
+    A child whose token is outside [0, V) is rejected (its q still cuts the residual). The
+    coin's rank is the child's slot among its siblings."""
 
-    All children of node v were drawn from ONE draft distribution q = draft_probs[b, v] (row v:
-    the distribution after node v, indexed like target_probs) without replacement, in index
-    order (Gumbel-top-k, or the equivalent sequential draws). With p = target_probs[b, v]:
+    def __init__(self, p, draft_probs, rows, cur):
+        self.p, self.draft_probs, self.rows = p, draft_probs, rows
+        self.weights = to_weights(p)  # R once a child was rejected; p's weights (the final draw's) before
+        self.rejected_any = torch.zeros(p.shape[0], dtype=torch.bool, device=p.device)
+
+    def rank(self, slot: int):
+        return slot
+
+    def test(self, trying, child, x, u):
+        """Accept or reject child `child` (token x, coin u) where `trying`; a rejection updates R."""
+        q = self.draft_probs[self.rows, child].float()
+        p_x, in_range = gather_token_values(self.p, x)
+        q_x, _ = gather_token_values(q, x)
+        weights = self.weights
+        r_x = weights.gather(1, x.clamp(0, weights.shape[1] - 1).unsqueeze(1)).squeeze(1)  # exact: <= 2^40
+        total = weights.sum(dim=1).double()
+        first_rule = u * q_x.double() < p_x.double()
+        later_rule = (u * q_x.double()) * total < r_x.to(torch.float64)
+        accept = trying & in_range & torch.where(self.rejected_any, later_rule, first_rule)
+        rejected = trying & ~accept
+        q_clean = torch.nan_to_num(q, nan=1.0, posinf=1.0, neginf=0.0).clamp(0.0, 1.0).double()
+        later_weights = (weights - torch.floor(total.unsqueeze(1) * q_clean).to(torch.int64)).clamp(min=0)
+        new_weights = torch.where(self.rejected_any.unsqueeze(1), later_weights, to_weights(self.p - q))
+        self.weights = torch.where(rejected.unsqueeze(1), new_weights, weights)
+        self.rejected_any |= rejected
+        return accept
+
+    def residual(self):
+        """The final draw's weights: R after a rejection, else p's."""
+        return self.weights
+
+
+class _WithoutReplacement:
+    """Siblings drawn WITHOUT replacement (Jeon et al. 2024): all children of node v were drawn from
+    ONE draft distribution q = draft_probs[b, v] (row v: the distribution after node v, indexed like
+    target_probs) without replacement, in index order (Gumbel-top-k, or the equivalent sequential
+    draws). With p = target_probs[b, v]:
       Q = to_weights(q), T = sum Q (fixed point, as the drafter draws),
       child 1 (token x, coin u): accept iff u * q(x) < p(x) in float64 (rejection_sample's rule);
         on rejection R <- to_weights(p - q) (float32 difference), S = sum R, T' = T - Q(x);
@@ -192,57 +202,50 @@ def _without_replacement(target_probs, draft_probs, tree_tokens, parents, *, max
     So r = R / S is norm(max(r - q_j, 0)) and q_{j+1} is q_j without x_j, renormalised, both
     computed from the row of q and the sibling tokens, nothing of size V kept per rank. A child
     that q_j could not have produced (token outside [0, V), Q(x) = 0, or a rejected sibling's
-    token again) is skipped: no coin, no update. When no child is accepted (or at a leaf or at
-    depth max_depth) the row draws from R (if S > 0), else from p, else takes id 0.
-    Coins: uniforms[b, c] for child c, or Philox(seed, offsets[b] + depth, row key, ACCEPT,
-    rank) with rank = the real siblings rejected before it; the final draw as in the
-    independent rule. A node with one child reproduces the independent rule exactly.
-    """
-    tree_tokens, children, walk, coins = _start_sampling(tree_tokens, parents, max_depth, uniforms, seed, offsets)
-    batch, device = tree_tokens.shape[0], tree_tokens.device
-    for level in walk.levels(max_depth):
-        rows, cur = walk.rows, walk.cur
-        p = target_probs[rows, cur].float()  # [B, V]
-        q = draft_probs[rows, cur].float()
-        q_weights = to_weights(q)
-        vocab = p.shape[1]
-        weights = to_weights(p - q)  # R after the first rejection; meaningful only once rank > 0
-        total = weights.sum(dim=1)  # S
-        q_left = q_weights.sum(dim=1)  # T' (before any rejection: T)
-        removed = torch.zeros_like(q_weights, dtype=torch.bool)  # the reference may keep [B, V]
-        rank = torch.zeros(batch, dtype=torch.int64, device=device)
-        accepted_child = torch.full((batch,), -1, dtype=torch.int64, device=device)
-        for slot in range(children.shape[2] if level < max_depth else 0):
-            child, trying, safe_child = walk.sibling(children, slot, accepted_child)
-            if not bool(trying.any()):
-                break
-            x = tree_tokens[rows, safe_child]
-            in_range = (x >= 0) & (x < vocab)
-            safe_x = x.clamp(0, vocab - 1).unsqueeze(1)
-            q_x_weight = q_weights.gather(1, safe_x).squeeze(1)
-            real = trying & in_range & (q_x_weight > 0) & ~removed.gather(1, safe_x).squeeze(1)
-            u = coins.accept(rows, safe_child, level, rank)
-            p_x = p.gather(1, safe_x).squeeze(1).double()
-            q_x = q.gather(1, safe_x).squeeze(1).double()
-            r_x = weights.gather(1, safe_x).squeeze(1).double()  # <= 2^40: exact
-            scale = total.double() / q_left.clamp(min=1).double()  # c = S / T'
-            first_rule = u * q_x < p_x
-            later_rule = u * (scale * q_x_weight.double()) < r_x
-            later = rank > 0
-            accept = real & torch.where(later, later_rule, first_rule)
-            accepted_child = torch.where(accept, child, accepted_child)
-            rejected = real & ~accept
-            # capped at 2^41 > any R(v): the same result, and the cast never overflows
-            cut = torch.floor((scale.unsqueeze(1) * q_weights.double()).clamp(max=2.0**41)).to(torch.int64)
-            cut = torch.where(removed, 0, cut)
-            new_weights = torch.where(later.unsqueeze(1), (weights - cut).clamp(min=0), weights)
-            weights = torch.where(rejected.unsqueeze(1), new_weights, weights)
-            total = torch.where(rejected, weights.sum(dim=1), total)
-            q_left = torch.where(rejected, q_left - q_x_weight, q_left)
-            removed = removed | (rejected.unsqueeze(1) & (torch.arange(vocab, device=device) == safe_x))
-            rank = rank + rejected.to(torch.int64)
-        u_final = coins.final(level)
-        residual = torch.where((rank > 0).unsqueeze(1), weights, 0)
-        final = sample_with_fallback(residual, to_weights(p), u_final)
-        walk.advance(accepted_child, final)
-    return walk.outputs()
+    token again) is skipped: no coin, no update. The final draw is from R (if a child was
+    rejected), else from p. The coin's rank is the number of real siblings rejected before the
+    child. A node with one child reproduces the independent rule exactly."""
+
+    def __init__(self, p, draft_probs, rows, cur):
+        self.p = p
+        self.q = draft_probs[rows, cur].float()
+        self.q_weights = to_weights(self.q)
+        self.weights = to_weights(p - self.q)  # R after the first rejection; meaningful only once rank > 0
+        self.total = self.weights.sum(dim=1)  # S
+        self.q_left = self.q_weights.sum(dim=1)  # T' (before any rejection: T)
+        self.removed = torch.zeros_like(self.q_weights, dtype=torch.bool)  # the reference may keep [B, V]
+        self.ranks = torch.zeros(p.shape[0], dtype=torch.int64, device=p.device)
+
+    def rank(self, slot: int):
+        return self.ranks
+
+    def test(self, trying, child, x, u):
+        """Accept, reject or skip the child (token x, coin u) where `trying`; a rejection updates R, S, T'."""
+        vocab = self.p.shape[1]
+        in_range = (x >= 0) & (x < vocab)
+        safe_x = x.clamp(0, vocab - 1).unsqueeze(1)
+        q_x_weight = self.q_weights.gather(1, safe_x).squeeze(1)
+        real = trying & in_range & (q_x_weight > 0) & ~self.removed.gather(1, safe_x).squeeze(1)
+        p_x = self.p.gather(1, safe_x).squeeze(1).double()
+        q_x = self.q.gather(1, safe_x).squeeze(1).double()
+        r_x = self.weights.gather(1, safe_x).squeeze(1).double()  # <= 2^40: exact
+        scale = self.total.double() / self.q_left.clamp(min=1).double()  # c = S / T'
+        first_rule = u * q_x < p_x
+        later_rule = u * (scale * q_x_weight.double()) < r_x
+        later = self.ranks > 0
+        accept = real & torch.where(later, later_rule, first_rule)
+        rejected = real & ~accept
+        # capped at 2^41 > any R(v): the same result, and the cast never overflows
+        cut = torch.floor((scale.unsqueeze(1) * self.q_weights.double()).clamp(max=2.0**41)).to(torch.int64)
+        cut = torch.where(self.removed, 0, cut)
+        new_weights = torch.where(later.unsqueeze(1), (self.weights - cut).clamp(min=0), self.weights)
+        self.weights = torch.where(rejected.unsqueeze(1), new_weights, self.weights)
+        self.total = torch.where(rejected, self.weights.sum(dim=1), self.total)
+        self.q_left = torch.where(rejected, self.q_left - q_x_weight, self.q_left)
+        self.removed = self.removed | (rejected.unsqueeze(1) & (torch.arange(vocab, device=x.device) == safe_x))
+        self.ranks = self.ranks + rejected.to(torch.int64)
+        return accept
+
+    def residual(self):
+        """The final draw's weights: R once a real child was rejected, else none (p's are the fallback)."""
+        return torch.where((self.ranks > 0).unsqueeze(1), self.weights, 0)
