@@ -490,10 +490,10 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) tree_rejecti
 // (rescan_chunk) and writes the token. A CTA arrives at a last cluster barrier after its last remote
 // read and waits on it before leaving, so no CTA's shared memory goes away while another reads it.
 // Built for sm_90 only: on sm_80 the kernel is an empty stub the plan never launches.
-constexpr int kDecisionWords = 6;  // flags (1 draw, 2 plain), total, u's bits, cur, level, count
 static_assert(tree_walk::kMaxCluster == plans::kTreeRejectionMaxCluster, "launch_plan.h mirrors the cluster cap");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kDecisionWords = 6;  // flags (1 draw, 2 plain), total, u's bits, cur, level, count
 __device__ __forceinline__ unsigned cluster_ctarank() {
   unsigned r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -552,7 +552,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) tree_rejecti
         const Outcome d = tree_walk::walk_serial<WR, T, DeviceLoad<T>>(row, stage, sums);
         s_decision[0] = (d.draw ? 1 : 0) | (d.plain ? 2 : 0);
         s_decision[1] = d.total;
-        s_decision[2] = __double_as_longlong(d.u);
+        s_decision[2] = tree_walk::double_to_bits(d.u);
         s_decision[3] = d.cur;
         s_decision[4] = d.level;
         s_decision[5] = d.count;
@@ -561,7 +561,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) tree_rejecti
     cluster_sync();  // A: rank 0's state and table (global) and decision (shared) are published
     if (threadIdx.x < kDecisionWords) s_local[threadIdx.x] = dsmem_load(&s_decision[threadIdx.x], 0);
     __syncthreads();
-    o = Outcome{(s_local[0] & 1) != 0, (s_local[0] & 2) != 0, s_local[1], __longlong_as_double(s_local[2]),
+    o = Outcome{(s_local[0] & 1) != 0, (s_local[0] & 2) != 0, s_local[1], tree_walk::bits_to_double(s_local[2]),
                 s_local[3], s_local[4], s_local[5]};
     if (o.draw) break;  // uniform across the cluster
     const Sums mine = pass_chunk<T, WR>(row, s, rank, sum_scratch);  // in thread 0

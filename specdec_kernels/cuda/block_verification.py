@@ -117,8 +117,8 @@ def block_verify_logits(target_logits, draft_logits, draft_tokens, *, temperatur
                         offsets=None, num_draft_tokens=None):
     """CUDA `block_verify_logits` on validated inputs (see specdec_kernels.ops.block_verify_logits).
 
-    Equal to the torch reference except where a decision lies within ~1e-6 (relative) of its
-    boundary: the softmax sums are reduced in a different order (as rejection_sample_logits).
+    Equal to the torch reference except where a decision lies within the 1e-5 band of
+    docs/ops.md "Numerics" (as rejection_sample_logits).
     """
     lib = library()
     batch, g, vocab, device, out_tokens, num_accepted = chain_launch(target_logits, draft_tokens)

@@ -66,8 +66,9 @@ def rejection_sample_logits(target_logits, draft_logits, draft_tokens, *, temper
                             offsets=None, num_draft_tokens=None):
     """CUDA `rejection_sample_logits` on validated inputs (see specdec_kernels.ops.rejection_sample_logits).
 
-    Equal to the torch reference except where a decision lies within ~1e-6 (relative) of its
-    boundary: the softmax sums are reduced in a different order (csrc/rejection_sampling.cu).
+    Equal to the torch reference except where a decision lies within the 1e-5 band of
+    docs/ops.md "Numerics": the softmax sums are reduced in another order, and p is one exp2
+    per element (csrc/logit_math.cuh), within ~3e-6 of torch's.
     """
     lib = library()
     batch, g, vocab, device, out_tokens, num_accepted = chain_launch(target_logits, draft_tokens)
