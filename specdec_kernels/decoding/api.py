@@ -5,7 +5,8 @@ import inspect
 import torch
 
 from ..common import validate as check
-from .engine import OP, Engine, restored_attention
+from .engine import OP, Engine, eos_list, restored_attention
+from .padding import attention_mask_for
 from .strategy import Strategy
 from .output import GenerateOutput
 from .standardize import Sampling
@@ -66,7 +67,10 @@ def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch
         target: the HF model whose output this reproduces (`AutoModelForCausalLM`, or
             `AutoModelForSeq2SeqLM` for encoder-decoder pairs); see hf.SUPPORTED_MODEL_TYPES.
         input_ids: int64 [B, P] prompts (encoder inputs for encoder-decoder models), left- or
-            right-padded as marked by `attention_mask` [B, P] (1 = token).
+            right-padded as marked by `attention_mask` [B, P] (1 = token). Without attention_mask, as HF:
+            where the pad id (pad_token_id, else the generation_config's) occurs in input_ids and is no
+            EOS id, the mask is input_ids != pad; a batch padded with an id that is also an EOS id is
+            refused (padding could not be told from text).
         strategy: "speculative" | "bild" | "specdec" | "ppd", or "plain" (no draft: one target forward per
             token on the same engine, the baseline), or a strategy object (SpeculativeDecoder,
             BildDecoder, SpecDecDecoder, PPDDecoder, PlainDecoder).
@@ -108,6 +112,9 @@ def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch
         check.fail(OP, f"`strategy` must be a name or a Strategy object (got {type(strategy).__name__})", TypeError)
     elif strategy_options:
         check.fail(OP, f"options {sorted(strategy_options)} go to the strategy's constructor, not to generate()")
+    if pad_token_id is None:
+        pad_token_id = getattr(getattr(target, "generation_config", None), "pad_token_id", None)
+    attention_mask = attention_mask_for(OP, input_ids, attention_mask, pad_token_id, eos_list(target, eos_token_id))
     _check_positions(target, "target", input_ids, attention_mask, max_new_tokens)
     draft = getattr(strategy, "draft_model", None)
     if isinstance(draft, torch.nn.Module):

@@ -243,6 +243,11 @@ def _generate(model, input_ids, logits_processor, stopping_criteria, generation_
     if encoder_decoder and start is not None and bool((input_ids != start).any()):
         fail(f"decoder_start_token_id must be the model's config.decoder_start_token_id ({start})")
     mask = model_kwargs.get("attention_mask")  # HF drops an all-ones mask (no padding)
+    passed = caller.get("kwargs")  # the keywords the user gave generate() (None: the caller could not be read)
+    if passed is not None and passed.get("attention_mask") is None:
+        # the user passed none and HF made one up (transformers 5.17 passes all ones where pad == EOS hides the
+        # padding): let generate infer it or refuse the batch, as it does when HF passes none (5.25)
+        mask = None
     sampling = _sampling(logits_processor, getattr(config, "do_sample", False))
     max_new_tokens, eos, per_token = _stopping(stopping_criteria, input_ids.shape[1])
     forced = _forced_eos(logits_processor, input_ids.shape[1], sampling["do_sample"])
