@@ -105,14 +105,18 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def check_sampling_flags(args) -> None:
-    """Sampling flags without --do-sample would be ignored (greedy decoding): refuse them."""
+def drop_unused_sampling_flags(args) -> None:
+    """Sampling flags without --do-sample change nothing (greedy decoding): say so in one line and drop them,
+    as `generate` warns (and HF's GenerationConfig) for the same settings."""
     if args.do_sample:
         return
-    given = [f"--{name.replace('_', '-')}" for name in SAMPLING_FLAGS if getattr(args, name) is not None]
+    given = [name for name in SAMPLING_FLAGS if getattr(args, name) is not None]
     if given:
-        fail(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to sampling: add --do-sample "
-             "(without it decoding is greedy)")
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+        print(f"specdec-kernels generate: warning: {flags} {'applies' if len(given) == 1 else 'apply'} to "
+              "sampling and greedy decoding ignores it: add --do-sample", file=sys.stderr)
+        for name in given:
+            setattr(args, name, None)
 
 
 def run(args) -> int:
@@ -120,7 +124,7 @@ def run(args) -> int:
         fail("--max-new-tokens must be at least 1")
     if args.check and args.do_sample:
         fail("--check compares with greedy decoding; drop --do-sample")
-    check_sampling_flags(args)
+    drop_unused_sampling_flags(args)
     device = pick_device(args.device, fail)
     threads = set_threads(args.threads, fail)
     prompts = args.prompt or ([sys.stdin.read()] if not sys.stdin.isatty() else [])

@@ -65,6 +65,21 @@ def test_seeded_sampling_is_reproducible(tiny_set, tmp_path):
     assert generate(tiny_set, tmp_path, *args, "--seed", 7)["completions"] == first["completions"]
 
 
+@pytest.mark.parametrize("flags, named", [(["--temperature", "0.5"], "--temperature applies"),
+                                          (["--top-k", "5", "--top-p", "0.9"], "--top-k, --top-p apply"),
+                                          (["--seed", "3"], "--seed applies")])
+def test_sampling_flags_without_do_sample_warn_and_decode_greedily(tiny_set, tmp_path, capsys, flags, named):
+    """As `generate` and HF's GenerationConfig: one warning line, and the greedy tokens."""
+    greedy = generate(tiny_set, tmp_path, "--prompt", "import os", "--check")
+    capsys.readouterr()
+    result = generate(tiny_set, tmp_path, "--prompt", "import os", "--check", *flags)
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warned == [f"specdec-kernels generate: warning: {named} to sampling and greedy decoding ignores it: "
+                      "add --do-sample"]
+    assert result["status"] == 0 and result["completions"] == greedy["completions"]
+    assert result["stats"]["identical_to_target_generate"] is True
+
+
 def test_target_alone_runs_plain_and_refuses_draft_strategies(tiny_set, tmp_path):
     target = user_checkpoint(tiny_set, tmp_path)
     assert cli.main(["generate", "--target", str(target), "--strategy", "plain", "--prompt", "x", "--max-new-tokens",
@@ -94,9 +109,6 @@ def cli_error(args: list[str]) -> str:
     (["--strategy", "ppd", "--do-sample"], "do_sample=True is not supported"),
     (["--check", "--do-sample"], "--check compares with greedy decoding"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
-    (["--temperature", "0.5"], "--temperature applies to sampling: add --do-sample"),
-    (["--top-k", "5", "--top-p", "0.9"], "--top-k, --top-p apply to sampling: add --do-sample"),
-    (["--seed", "3"], "--seed applies to sampling: add --do-sample"),
     (["--device", "banana"], "--device banana: expected cpu, cuda or cuda:N"),
     (["--device", "cpu:1"], "--device cpu:1: the CPU takes no index"),
     (["--device", "mps"], "--device mps: expected cpu, cuda or cuda:N"),

@@ -39,3 +39,24 @@ def test_a_draft_with_fewer_positions_than_the_target_is_refused_too():
     with pytest.raises(ValueError, match=r"exceeds the draft model's 8 \(config.max_position_embeddings\)"):
         specdec_kernels.generate(tiny_llama(64), torch.ones(1, 4, dtype=torch.int64), strategy="speculative",
                                  draft_model=tiny_llama(8), max_new_tokens=5)
+
+
+@pytest.mark.parametrize("settings, named", [(dict(temperature=0.5), "temperature applies"),
+                                             (dict(top_k=5, top_p=0.9), "top_k, top_p apply"),
+                                             (dict(min_p=0.1, seed=3), "min_p, seed apply")])
+def test_sampling_settings_without_do_sample_warn_and_decode_greedily(settings, named):
+    """HF's GenerationConfig warns about sampling settings in a greedy call; so does generate, once, and the
+    tokens are the greedy ones."""
+    model, prompt = tiny_llama(64), torch.tensor([[3, 4, 5]])
+    greedy = specdec_kernels.generate(model, prompt, strategy="plain", max_new_tokens=5, eos_token_id=[])
+    with pytest.warns(UserWarning) as caught:
+        out = specdec_kernels.generate(model, prompt, strategy="plain", max_new_tokens=5, eos_token_id=[], **settings)
+    assert [str(w.message) for w in caught] == [f"generate: {named} to sampling and greedy decoding ignores it: "
+                                                "pass do_sample=True"]
+    assert torch.equal(out.sequences, greedy.sequences)
+
+
+def test_default_sampling_settings_in_a_greedy_call_do_not_warn(recwarn):
+    specdec_kernels.generate(tiny_llama(64), torch.tensor([[3, 4, 5]]), strategy="plain", max_new_tokens=2,
+                             temperature=1.0, eos_token_id=[])
+    assert not [w for w in recwarn if "sampling" in str(w.message)]

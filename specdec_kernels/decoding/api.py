@@ -1,6 +1,7 @@
 """`specdec_kernels.generate`: the public entry of every decoding strategy."""
 
 import inspect
+import warnings
 
 import torch
 
@@ -9,7 +10,7 @@ from .engine import OP, Engine, eos_list, restored_attention
 from .padding import attention_mask_for
 from .strategy import Strategy
 from .output import GenerateOutput
-from .standardize import Sampling
+from .standardize import Sampling, unused_sampling_settings
 
 
 def _strategies() -> dict:
@@ -77,7 +78,8 @@ def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch
         max_new_tokens: new tokens per row at most.
         do_sample, temperature, top_k, top_p, min_p: sampling; the same standardisation (HF's
             warpers, in HF's order) is applied to target and draft. do_sample=False or temperature 0
-            is argmax decoding. Unlike HF, top_k defaults to None (no filter), not 50.
+            is argmax decoding; with do_sample=False the other settings (and seed) change nothing and,
+            as in HF, a warning says so. Unlike HF, top_k defaults to None (no filter), not 50.
         eos_token_id: int or list; None takes the target's generation_config, like HF. A row
             stops after its EOS. pad_token_id: fills rows after they stop (default: the
             generation_config's, else the first EOS, else 0).
@@ -119,6 +121,11 @@ def generate(target, input_ids: torch.Tensor, *, strategy, attention_mask: torch
     draft = getattr(strategy, "draft_model", None)
     if isinstance(draft, torch.nn.Module):
         _check_positions(draft, "draft", input_ids, attention_mask, max_new_tokens)
+    unused = unused_sampling_settings(bool(do_sample), temperature=temperature, top_k=top_k, top_p=top_p,
+                                      min_p=min_p, seed=seed)
+    if unused:  # as HF's GenerationConfig: a warning, and the call decodes greedily
+        warnings.warn(f"{OP}: {', '.join(unused)} {'applies' if len(unused) == 1 else 'apply'} to sampling and "
+                      "greedy decoding ignores it: pass do_sample=True", UserWarning, stacklevel=3)
     sampling = Sampling(bool(do_sample), float(temperature), top_k, top_p, min_p)
     if on_step is not None and not callable(on_step):
         check.fail(OP, f"`on_step` must be callable (got {type(on_step).__name__})", TypeError)

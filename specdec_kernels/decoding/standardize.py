@@ -42,6 +42,15 @@ class Sampling:
             raise ValueError(f"generate: `min_p` must be in [0, 1] or None (got {self.min_p})")
 
 
+def unused_sampling_settings(do_sample: bool, **settings) -> list[str]:
+    """The sampling settings given away from their defaults (temperature 1.0, the rest None) in a greedy
+    call, where they change nothing: HF's GenerationConfig warns about the same."""
+    if do_sample:
+        return []
+    defaults = {"temperature": 1.0}
+    return [name for name, value in settings.items() if value is not None and value != defaults.get(name)]
+
+
 def standardize(logits: Tensor, sampling: Sampling) -> Tensor:
     """float32 probabilities [..., V] of logits [..., V] after temperature, top-k, top-p and min-p.
 
