@@ -120,6 +120,9 @@ def test_num_assistant_tokens_sets_the_draft_length(pair):
     (dict(prompt_lookup_num_tokens=3, strategy="bild"), "runs strategy 'lookup', not 'bild'"),
     (dict(prompt_lookup_num_tokens=3, num_draft_tokens=4), "prompt_lookup_num_tokens=3 and num_draft_tokens=4"),
     (dict(prompt_lookup_num_tokens=3, draft=True), "without a model: drop assistant_model"),
+    (dict(prompt_lookup_num_tokens=0), r"prompt_lookup_num_tokens must be an int >= 1 \(got 0\)"),
+    (dict(prompt_lookup_num_tokens=2, max_matching_ngram_size=0), r"max_matching_ngram_size must be an int >= 1"),
+    (dict(num_assistant_tokens=0, draft=True), r"num_assistant_tokens must be an int >= 1 \(got 0\)"),
 ])
 def test_settings_without_a_counterpart_are_refused_in_one_line(pair, kwargs, named):
     target, draft = pair

@@ -22,6 +22,8 @@ REFUSED = {"assistant_confidence_threshold": "HF's confidence stop for the assis
            "target_lookbehind": "assistants with another tokenizer are not supported"}
 # refused settings at a value that turns them off, which is what our strategies do anyway: accepted
 OFF = {"assistant_confidence_threshold": 0}
+# HF settings that become a count of ours: checked under HF's name, so an error names what the user passed
+COUNTS = ("prompt_lookup_num_tokens", "max_matching_ngram_size", "num_assistant_tokens")
 
 
 def asked(name: str, config, model, passed: dict):
@@ -86,6 +88,8 @@ class Assisted:
             self.persist = schedule == "heuristic" and draft is not None
 
     def set(self, option: str, value, setting: str) -> None:
+        if setting in COUNTS and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            self.fail(f"{setting} must be an int >= 1 (got {value!r})")
         if option in self.options and self.options[option] != value:
             self.fail(f"{setting}={value!r} and {option}={self.options[option]!r} disagree: pass one")
         self.options[option] = value
