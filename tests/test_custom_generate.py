@@ -230,6 +230,19 @@ def test_stop_strings_end_rows_like_hfs_generate(pair, greedy_references):
         assert torch.equal(timed[row, width:width + len(reference)], reference), row
 
 
+@pytest.mark.parametrize("with_tokenizer", [True, False])
+def test_stop_strings_say_what_to_pass_instead(pair, with_tokenizer):
+    """transformers drops tokenizer= before a custom_generate callable, and its own error would ask for the
+    tokenizer that was passed: the hook takes stop_strings and names the criteria that work, in one line."""
+    alone = pair.tokenizer(PROMPTS[0], return_tensors="pt")
+    extra = {"tokenizer": pair.tokenizer} if with_tokenizer else {}
+    with pytest.raises(ValueError) as error:
+        pair.target.generate(**alone, custom_generate=custom_generate, max_new_tokens=4, stop_strings=["x"], **extra)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("custom_generate: stop_strings= cannot work here")
+    assert "stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, stop_strings)])" in message
+
+
 def test_options_of_another_strategy_are_named(pair):
     alone = pair.tokenizer(PROMPTS[0], return_tensors="pt")
     draft = pair.options["speculative"]["draft_model"]

@@ -24,6 +24,9 @@ STRATEGIES = ("speculative", "bild", "specdec", "ppd", "lookup", "plain")
 # every strategy's options, plus the engine's own: HF passes a keyword through only if the signature names it
 OPTIONS = tuple(dict.fromkeys(o for s in STRATEGIES for o in accepted_options(s)))
 ENGINE_KEYWORDS = ("strategy", "seed", "backend", "cuda_graphs")
+# Named in the signature so that HF hands it to the hook: transformers drops `tokenizer=` before a callable
+# custom_generate and would otherwise stop the call with advice that cannot work ("pass the tokenizer").
+STOP_STRINGS = "stop_strings"
 # model kwargs HF prepares itself (or we read): anything else non-None is refused
 HF_MODEL_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep", "cache", "past_key_values",
                    "encoder_outputs", "cache_position"}
@@ -202,6 +205,9 @@ def _generate(model, input_ids, logits_processor, stopping_criteria, generation_
         fail(f"a streamer needs batch size 1, as HF's streamers do (got {input_ids.shape[0]} rows)")
     if synced_gpus:
         fail("synced_gpus is not supported")
+    if model_kwargs.pop(STOP_STRINGS, None) is not None:
+        fail("stop_strings= cannot work here: transformers drops tokenizer= before a custom_generate callable; pass "
+             "stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, stop_strings)]) instead")
     config = generation_config if generation_config is not None else model.generation_config
     settings.refuse(config, fail)
     extra = sorted(k for k, v in model_kwargs.items() if v is not None and k not in HF_MODEL_KWARGS)
@@ -274,7 +280,7 @@ def _signature() -> inspect.Signature:
     """HF's `_sample` parameters, then every keyword this module takes (HF passes only those named)."""
     base = inspect.signature(custom_generate)
     params = [p for p in base.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    for name in (*ENGINE_KEYWORDS, *OPTIONS, "inputs_tensor"):
+    for name in (*ENGINE_KEYWORDS, *OPTIONS, "inputs_tensor", STOP_STRINGS):
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None))
     params.append(base.parameters["model_kwargs"])
     return base.replace(parameters=params)

@@ -20,8 +20,9 @@ SETTINGS = {
     "eos_token_id": (MAPPED, "eos_token_id (HF's EosTokenCriteria)"),
     "pad_token_id": (MAPPED, "pad_token_id"),
     "max_time": (MAPPED, "checked after every accepted token (HF's MaxTimeCriteria)"),
-    "stop_strings": (MAPPED, "checked after every accepted token; transformers drops tokenizer= for a callable, "
-                             "so pass StoppingCriteriaList([StopStringCriteria(tokenizer, stops)])"),
+    "stop_strings": (REFUSED, "transformers drops tokenizer= for a callable, so the hook refuses stop_strings= "
+                              "and names what works: StoppingCriteriaList([StopStringCriteria(tokenizer, stops)]), "
+                              "checked after every accepted token"),
     "forced_eos_token_id": (MAPPED, "the token at max_length - 1 becomes EOS (BART), exact"),
     "decoder_start_token_id": (MAPPED, "encoder-decoders: must be the model's config.decoder_start_token_id "
                                        "(another one is refused)"),
