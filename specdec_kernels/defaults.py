@@ -60,6 +60,9 @@ def load_default_models(path=None, *, device="cpu", dtype: torch.dtype | None = 
     from .models import EarlyExitHeads, SpecDecDrafter
 
     device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():  # else torch's bare AssertionError, deep in .to()
+        raise ValueError(f"load_default_models: device={str(device)!r} needs CUDA, which this torch "
+                         f"({torch.__version__}) does not see: pass device='cpu'")
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
 

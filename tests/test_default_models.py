@@ -109,3 +109,10 @@ def test_quick_training_run_makes_a_loadable_set(tmp_path):
                                        max_new_tokens=4, pad_token_id=pad).sequences
     assert torch.equal(out_ids, models.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
                                                        do_sample=False, pad_token_id=pad))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_a_cuda_device_without_cuda_is_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"^load_default_models: device='cuda' needs CUDA, which this torch \(.*\) "
+                                         r"does not see: pass device='cpu'$"):
+        load_default_models(device="cuda")
