@@ -353,18 +353,14 @@ def rows(case, index):
 @pytest.mark.parametrize("dtype", [torch.int64, torch.uint64])
 @pytest.mark.parametrize("seed_size, offset_size", [(4, 4), (1, 4), (4, 1), (1, 1)])
 def test_seed_and_offset_tensors_follow_requests(backend, reject_at, dtype, seed_size, offset_size):
-    """test_sampling_seed_offset.py::test_chain_sampling_row_seed_offset: with a length-B seed or
-    offset each row equals that request sampled alone, also in any reordered subset of rows; with
-    length-1 tensors the batch equals the int seed/offset call (FlashInfer 0.6.x reads element 0)."""
+    """test_sampling_seed_offset.py::test_chain_sampling_row_seed_offset (FlashInfer main, 17ab765):
+    tensor keys name requests, length-1 tensors too, so each row equals that request sampled alone
+    (its own element, or the one element of a length-1 tensor), also in any reordered subset of rows."""
     case = chain_sampler(reject_at)
     seed = torch.tensor([17, 324, 907, 1049][:seed_size], dtype=dtype, device=DEV)
     offset = torch.tensor([0, 128, 512, 1024][:offset_size], dtype=dtype, device=DEV)
     got = chain_speculative_sampling(*case, seed=seed, offset=offset, backend=backend)
     assert bool((got[0][:, reject_at] > 0).all())  # the resampled (or bonus) token is a real, nonzero id
-    per_row = seed_size > 1 or offset_size > 1
-    if not per_row:
-        assert same(got, chain_speculative_sampling(*case, seed=17, offset=0, backend=backend))
-        return
     for row in range(4):
         s, o = seed[min(row, seed_size - 1)].view(1), offset[min(row, offset_size - 1)].view(1)
         alone = chain_speculative_sampling(*rows(case, [row]), seed=s, offset=o, backend=backend)
@@ -375,6 +371,53 @@ def test_seed_and_offset_tensors_follow_requests(backend, reject_at, dtype, seed
         o = offset.view(torch.int64)[pick].view(dtype) if offset_size > 1 else offset
         again = chain_speculative_sampling(*rows(case, pick), seed=s, offset=o, backend=backend)
         assert same(tuple(x[pick] for x in got), again), subset
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_a_length_one_tensor_is_one_request_for_every_row(backend):
+    """The newest rule on a batch of 4 with seed=tensor([17]): each row's tokens are that row sampled
+    alone with the same tensors, so four copies of one request give four equal rows. An int seed
+    keeps FlashInfer's scalar rule, one stream per batch row: the same four copies then differ."""
+    gen = torch.Generator().manual_seed(23)
+    draft, drafts, target = adversarial_case(gen, batch=4, g=3, vocab=50)
+    seed = torch.tensor([17], dtype=torch.int64, device=DEV)
+    offset = torch.tensor([0], dtype=torch.int64, device=DEV)
+    got = chain_speculative_sampling(draft, drafts, target, seed=seed, offset=offset, backend=backend)
+    for row in range(4):
+        alone = chain_speculative_sampling(*rows((draft, drafts, target), [row]), seed=seed, offset=offset,
+                                           backend=backend)
+        assert same(tuple(x[row:row + 1] for x in got), alone), row
+    copies = rows(chain_sampler(0), [0, 0, 0, 0])  # every row rejects draft 0 and resamples from 256 ids
+    first = chain_speculative_sampling(*copies, seed=seed, offset=offset, backend=backend)[0][:, 0]
+    assert bool((first == first[0]).all()), first
+    first_int = chain_speculative_sampling(*copies, seed=17, offset=0, backend=backend)[0][:, 0]
+    assert len(set(first_int.tolist())) > 1, first_int
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_adjacent_tensor_offsets_do_not_share_draws(backend):
+    """test_adjacent_offsets_do_not_share_draws for the chain op: a tensor offset names a stream, it is
+    no start position, so offsets o and o + 1 are unrelated draws, while one (seed, offset) pair
+    replays in whichever row it lands. Each of g = 2 drafts passes with probability 1/2; were o + 1
+    the stream of o moved on by one draw, draft 0's coin at o + 1 would be draft 1's coin at o."""
+    batch, vocab = 512, 4
+    draft = torch.zeros(batch, 2, vocab, device=DEV)
+    draft[..., 0] = 1.0
+    target = torch.full((batch, 3, vocab), 0.5 / (vocab - 1), device=DEV)
+    target[..., 0] = 0.5  # u * 1 < 0.5: each draft passes with probability 1/2
+    drafts = torch.zeros(batch, 2, dtype=torch.int32, device=DEV)
+    seed = torch.tensor([17], dtype=torch.int64, device=DEV)
+    offsets = torch.arange(batch, dtype=torch.int64, device=DEV)
+    _, accepted, emitted = chain_speculative_sampling(draft, drafts, target, seed=seed, offset=offsets,
+                                                      backend=backend)
+    _, accepted1, emitted1 = chain_speculative_sampling(draft, drafts, target, seed=seed, offset=offsets + 1,
+                                                        backend=backend)
+    assert torch.equal(accepted1[:-1], accepted[1:]) and torch.equal(emitted1[:-1], emitted[1:])
+    seen = emitted >= 1  # draft 0 passed, so draft 1's test is accepted - 1
+    draft1_at_o = (accepted - 1)[seen] == 1
+    draft0_at_o_plus_1 = emitted1[seen] >= 1
+    agree = (draft1_at_o == draft0_at_o_plus_1).float().mean().item()
+    assert 0.35 < agree < 0.65, agree  # independent coins agree half the time; shifted ones always
 
 
 @pytest.mark.parametrize("backend", FAST)
@@ -536,7 +579,8 @@ def test_legacy_final_draw_uses_column_pos_plus_one(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_random_streams_are_keyed_per_row(backend):
     """Row b of an int-seeded batch draws with seed ^ (b << 32) at offset..offset+g: it equals a
-    batch of one with that seed, and the op's own per-request seed mode."""
+    batch of one with that seed, and the op's own per-request seed mode. A tensor pair's row draws
+    with its request key (`_request_keys`) at 0..g, the same op mode."""
     gen = torch.Generator().manual_seed(10)
     draft, drafts, target = adversarial_case(gen)
     batch = drafts.shape[0]
@@ -550,6 +594,12 @@ def test_random_streams_are_keyed_per_row(backend):
     out, num_accepted = ops.rejection_sample(target, draft, drafts, seed=torch.tensor(keys, device=DEV),
                                              offsets=torch.full((batch,), offset, device=DEV), backend=backend)
     assert torch.equal(got[0], out.int()) and torch.equal(got[2], num_accepted.int())
+    seeds, offsets = torch.arange(batch, device=DEV) - 2, torch.tensor([2**40 + 11], device=DEV)
+    got = chain_speculative_sampling(draft, drafts, target, seed=seeds, offset=offsets, backend=backend)
+    out, num_accepted = ops.rejection_sample(target, draft, drafts, seed=fi._request_keys(seeds, offsets),
+                                             offsets=torch.zeros(batch, dtype=torch.int64, device=DEV),
+                                             backend=backend)
+    assert torch.equal(got[0], out.int()) and torch.equal(got[2], num_accepted.int())
 
 
 @pytest.mark.parametrize("backend", FAST)
@@ -559,6 +609,9 @@ def test_offset_counts_modulo_2_pow_32(backend):
     a = chain_speculative_sampling(*case, seed=5, offset=7, backend=backend)
     assert same(a, chain_speculative_sampling(*case, seed=5, offset=7 + 2**32, backend=backend))
     assert not same(a, chain_speculative_sampling(*case, seed=5, offset=7 + 4, backend=backend))  # g + 1 further
+    seed, offset = torch.tensor([5], device=DEV), torch.tensor([7], device=DEV)  # tensors: all 64 bits
+    b = chain_speculative_sampling(*case, seed=seed, offset=offset, backend=backend)
+    assert not same(b, chain_speculative_sampling(*case, seed=seed, offset=offset + 2**32, backend=backend))
 
 
 @pytest.mark.parametrize("backend", FAST)
@@ -583,18 +636,6 @@ def test_generator_mode_is_one_torch_rand(backend):
     assert same(default, chain_speculative_sampling(draft, drafts, target, seed=99, backend=backend))
     torch.manual_seed(14)
     assert same(default, chain_speculative_sampling(draft, drafts, target, offset=3, backend=backend))
-
-
-@pytest.mark.parametrize("backend", FAST)
-def test_length_b_seeds_are_not_collapsed_to_the_first(backend):
-    """FlashInfer 0.6.x would use seed[0] for every row; ours differ from that batch."""
-    gen = torch.Generator().manual_seed(15)
-    case = adversarial_case(gen, batch=32, vocab=20)
-    seeds = torch.arange(100, 132, device=DEV)
-    offset = torch.zeros(1, dtype=torch.int64, device=DEV)
-    per_row = chain_speculative_sampling(*case, seed=seeds, offset=offset, backend=backend)
-    first_only = chain_speculative_sampling(*case, seed=seeds[:1], offset=offset, backend=backend)
-    assert not torch.equal(per_row[0], first_only[0])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -18,18 +18,22 @@ import torch
 from torch import Tensor
 
 from .. import ops
+from ..common import rng
 from ..common import validate as check
 from ..common.draws import ChainCoins, draft_passes
 
 OP = "chain_speculative_sampling"
-TRACKS = "flashinfer 0.6.x: flashinfer.sampling.chain_speculative_sampling"  # the upstream this adapter tracks
+# the upstream this adapter tracks: FlashInfer's main branch at commit 17ab765, where seed/offset tensors
+# (length 1 too) are request keys; 0.6.x keyed a length-1 tensor like an int, by batch row
+TRACKS = "flashinfer main@17ab765: flashinfer.sampling.chain_speculative_sampling"
 BACKENDS = ("auto", "torch", "triton", "cuda")
 _PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what ops.rejection_sample reads as is
 _ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 _COUNTER_DTYPES = (torch.int32, torch.int64)
 _RNG_DTYPES = (torch.int64, torch.uint64)
-_ROW_SHIFT = 32  # broadcast seeds: row b uses seed ^ (b << 32)
+_ROW_SHIFT = 32  # int seed: row b uses seed ^ (b << 32), FlashInfer's scalar rule (Philox subsequence = row)
+_REQUEST_KEY_SALT = 0x5EED  # Philox purpose word of a tensor pair's request key; the ops use 0..3
 
 
 # ------------------------------------------------------------------ validation
@@ -115,19 +119,26 @@ def _wrap_int64(x: int) -> int:
     return x - 2**64 if x >= 2**63 else x
 
 
+def _request_keys(seed: Tensor, offset: Tensor) -> Tensor:
+    """int64 Philox key of each (seed, offset) pair: Philox-4x32-10 of the offset's two words under the
+    seed, in its own purpose word. Distinct offsets give unrelated streams, not shifted views of one."""
+    x0, x1, _, _ = rng.philox4x32(offset & rng.MASK32, (offset >> 32) & rng.MASK32, _REQUEST_KEY_SALT, 0,
+                                  seed & rng.MASK32, (seed >> 32) & rng.MASK32)
+    return (x1 - ((x1 >> 31) << 32)) * 2**32 + x0  # the 64-bit word x1:x0 as int64, without overflow
+
+
 def _seeds_and_offsets(seed, offset, batch: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Per-row (seed, offset) int64 [B] for ops.rejection_sample's per-request seed mode (no host sync)."""
     if isinstance(seed, Tensor):
-        per_row = seed.shape[0] > 1 or offset.shape[0] > 1
-        seeds = _to_int64_bits(seed).expand(batch)
-        offsets = _to_int64_bits(offset).expand(batch)
-    else:
-        per_row = False
-        seeds = torch.full((batch,), _wrap_int64(seed), dtype=torch.int64, device=device)
-        offsets = torch.full((batch,), _wrap_int64(offset), dtype=torch.int64, device=device)
-    if not per_row:  # one stream per row, keyed by its batch index (FlashInfer: Philox subsequence = row)
-        seeds = seeds ^ (torch.arange(batch, dtype=torch.int64, device=device) << _ROW_SHIFT)
-    return seeds.contiguous(), offsets.contiguous()
+        # FlashInfer's tensor rule: the pair (seed[b], offset[b]) names row b's request, length 1 included,
+        # so each row draws as if sampled alone and the offset picks a stream, not a start position
+        keys = _request_keys(_to_int64_bits(seed), _to_int64_bits(offset))  # [1] or [B]
+        return keys.expand(batch).contiguous(), torch.zeros(batch, dtype=torch.int64, device=device)
+    # FlashInfer's scalar rule: one stream per batch row (its Philox subsequence = row), offset = first position
+    rows = torch.arange(batch, dtype=torch.int64, device=device) << _ROW_SHIFT
+    seeds = torch.full((batch,), _wrap_int64(seed), dtype=torch.int64, device=device) ^ rows
+    offsets = torch.full((batch,), _wrap_int64(offset), dtype=torch.int64, device=device)
+    return seeds, offsets
 
 
 def _accumulate(counter: Optional[Tensor], counts: Tensor) -> Tensor:
@@ -180,10 +191,14 @@ def chain_speculative_sampling(
         generator: the uniforms' source when `seed` or `offset` is None (default: the inputs' device's
             default generator): one `torch.rand` of [B, g + 1] float64.
         seed: Philox key, used only together with `offset`: an int in [-2**63, 2**64), or an int64/uint64
-            tensor of shape [1] or [B] on the inputs' device (no host sync; length B: each row drawn as
-            if alone).
-        offset: the first draw's position, counted modulo 2**32; same forms as `seed` (an int in
-            [0, 2**64)). Advance it by at least g + 1 between calls, or the same uniforms come back.
+            tensor of shape [1] or [B] on the inputs' device (no host sync). Tensors, as in FlashInfer,
+            are request keys: row b draws from the stream of the pair (seed[b], offset[b]) alone, a
+            length-1 tensor serving every row, so each row equals itself sampled alone with that pair
+            and equal pairs give equal draws. An int gives each row its own stream (seed ^ (b << 32)).
+        offset: same forms as `seed` (an int in [0, 2**64)). A tensor offset is part of the request key:
+            change it (by 1 is enough) between calls for new draws. An int offset is the first draw's
+            position, counted modulo 2**32: advance it by at least g + 1 between calls, or the same
+            uniforms come back.
         backend: "auto", "torch", "triton" or "cuda": the backend of `ops.rejection_sample`.
 
     Returns:
