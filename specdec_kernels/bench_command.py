@@ -4,13 +4,15 @@ The benchmark scripts live in the repository's bench/ folder (they are not part 
 package), so this works from an editable install (`pip install -e .`) or with `--bench-dir PATH`.
 NAME is a script's name without `bench_` and `.py` (verify, tree_attention, kv_compact,
 early_exit_topk) or e2e, ppd_latency, sweep_specdec; ARGS go to the script (`--help` lists them).
-Results (JSON + markdown) go to `--out DIR` (default: bench/results under the current folder), and
-the command says which files it wrote there.
+Results (JSON + markdown) go to `--out DIR` (default: bench/results under the current folder; a
+`--smoke` run, whose numbers are no results, a new temporary folder), and the command says which files
+it wrote there.
 """
 
 import argparse
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bench-dir", type=Path, default=SOURCE_BENCH_DIR,
                         help="the bench/ folder of a source checkout (default: the one beside this install)")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
-                        help=f"where the results go (default: {DEFAULT_OUT} under the current folder)")
+                        help=f"where the results go (default: {DEFAULT_OUT} under the current folder; with --smoke a "
+                             "new temporary folder)")
 
 
 def fail(message: str):
@@ -71,7 +74,10 @@ def run(args) -> int:
     if args.name not in available:
         fail(f"unknown benchmark {args.name!r}; available: {', '.join(available)}")
     given, script_args = split_out(args.script_args)
-    out = (given or args.out or DEFAULT_OUT).resolve()  # every script takes --out; one folder we can report
+    out = given or args.out
+    if out is None:  # a smoke run's tiny shapes are no results: keep them out of the checkout's bench/results
+        out = Path(tempfile.mkdtemp(prefix="specdec-bench-smoke-")) if "--smoke" in script_args else DEFAULT_OUT
+    out = out.resolve()  # every script takes --out; one folder we can report
     start = time.time() - 1  # file times may be rounded to the second
     status = subprocess.call([sys.executable, str(available[args.name]), *script_args, "--out", str(out)])
     written = written_since(out, start)

@@ -6,6 +6,7 @@ one line naming the argument, exit status 1, no traceback."""
 import io
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -224,20 +225,28 @@ out.mkdir(parents=True, exist_ok=True)
 """
 
 
-@pytest.mark.parametrize("where", ["bench option", "script option", "default"])
+@pytest.mark.parametrize("where", ["bench option", "script option", "default", "smoke default"])
 def test_bench_says_where_it_wrote_its_files(tmp_path, capfd, monkeypatch, where):
+    """Results go where --out says, else to bench/results; a --smoke run without --out goes to a new temporary
+    folder, never into the checkout's results."""
     bench_dir = tmp_path / "bench"
     bench_dir.mkdir()
     (bench_dir / "bench_fake.py").write_text(FAKE_BENCH)
     out = tmp_path / "chosen"
     args = {"bench option": ["--out", str(out), "fake", "--smoke"],
-            "script option": ["fake", "--smoke", "--out", str(out)], "default": ["fake", "--smoke"]}[where]
+            "script option": ["fake", "--smoke", "--out", str(out)], "default": ["fake"],
+            "smoke default": ["fake", "--smoke"]}[where]
+    monkeypatch.chdir(tmp_path)
     if where == "default":
-        monkeypatch.chdir(tmp_path)
         out = tmp_path / "bench" / "results"
     assert cli.main(["bench", "--bench-dir", str(bench_dir), *args]) == 0
+    said = capfd.readouterr().err
+    if where == "smoke default":
+        assert not (tmp_path / "bench" / "results").exists()
+        out = pathlib.Path(said.split(" in ")[-1].strip())
+        assert out.name.startswith("specdec-bench-smoke-") and not out.is_relative_to(tmp_path)
     assert sorted(path.name for path in out.iterdir()) == ["fake.json", "fake.md"]
-    assert f"specdec-kernels bench: wrote fake.json, fake.md in {out.resolve()}" in capfd.readouterr().err
+    assert f"specdec-kernels bench: wrote fake.json, fake.md in {out.resolve()}" in said
 
 
 def test_bench_runs_a_source_checkout_script_and_names_the_choices(capfd, tmp_path):
