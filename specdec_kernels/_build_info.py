@@ -1,5 +1,7 @@
 """`specdec_kernels.build_info()`: what was built and which backend `auto` picks here."""
 
+from importlib import metadata
+
 import torch
 
 from .common import cuda_module as _cuda_module
@@ -10,7 +12,7 @@ def build_info() -> dict:
     """A dict describing this install: version, the CUDA module, library versions, backends.
 
     Keys: version, cuda_module {built, loaded, error, archs, cuda_runtime_version},
-    torch, triton, cuda_available, device, auto_backends {op: backend on this machine},
+    torch, triton, transformers, cuda_available, device, auto_backends {op: backend on this machine},
     implemented_backends {op: (backends...)}.
     """
     from . import ops
@@ -34,8 +36,16 @@ def build_info() -> dict:
         },
         "torch": torch.__version__,
         "triton": triton_version,
+        "transformers": _distribution_version("transformers"),  # read without importing transformers
         "cuda_available": torch.cuda.is_available(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "auto_backends": {op: ops.resolve(op, "auto", device) for op in ops.registered_ops()},
         "implemented_backends": {op: ops.implemented_backends(op) for op in ops.registered_ops()},
     }
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None

@@ -30,7 +30,8 @@ def summary(info: dict) -> str:
         picks = "; ".join(f"{backend}: {', '.join(ops)}" for backend, ops in by_backend.items())
     device = info["device"] if info["cuda_available"] else "cpu (no GPU found)"
     return "\n".join([
-        f"specdec-kernels {info['version']} (torch {info['torch']}, triton {info['triton'] or 'not installed'})",
+        f"specdec-kernels {info['version']} (torch {info['torch']}, triton {info['triton'] or 'not installed'}, "
+        f"transformers {info['transformers'] or 'not installed'})",
         f"CUDA module: {module}",
         f"device: {device}",
         f"backend=\"auto\" picks: {picks}",

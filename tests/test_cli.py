@@ -209,6 +209,8 @@ def test_version_and_info(capsys):
     assert cli.main(["info"]) == 0
     summary = capsys.readouterr().out.splitlines()
     assert summary[0].startswith(f"specdec-kernels {specdec_kernels.__version__} (torch ") and len(summary) <= 6
+    import transformers
+    assert f"transformers {transformers.__version__})" in summary[0]  # what docs/install.md says it names
     assert any(line.startswith('backend="auto" picks: ') for line in summary)
     assert cli.main(["info", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(specdec_kernels.build_info()))
