@@ -200,7 +200,9 @@ def _test_independent(p_row, q_base, stride_qn, table, n, rank, total, child, x,
     later = (lanes >= 1) & (lanes < rank)
     nodes = tl.load(table + lanes, mask=later, other=0, cache_modifier=".cg")
     totals = tl.load(table + n + lanes - 1, mask=later, other=0, cache_modifier=".cg").to(tl.float64)
-    q_later = _clean_prob(tl.load(q_base + nodes * stride_qn + safe_x, mask=later & in_range, other=0.0).to(tl.float32))
+    # mask `later` alone: safe_x keeps the address in the row, and an x outside [0, V) fails below whatever
+    # is read; `later & in_range` would broadcast a scalar bool, which Triton 3.9's interpreter widens to int
+    q_later = _clean_prob(tl.load(q_base + nodes * stride_qn + safe_x, mask=later, other=0.0).to(tl.float32))
     cuts = tl.minimum((totals * q_later).to(tl.int64), CUT_CAP)  # masked lanes: 0
     r_x = tl.maximum(to_weights(p_x - q_first) - tl.sum(cuts, axis=0), 0).to(tl.float64)  # <= 2^40: exact
     first_rule = u * q_x < p_x.to(tl.float64)
