@@ -38,6 +38,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
+from sass_loops import local_in_loops  # noqa: E402
+
 SM_COUNTS = {80: 108, 90: 132}  # A100, H100 SXM: the split counts are planned for these
 CASE_NAMES = ("verify", "sampling", "tree_verify", "tree_attention", "kv_compact", "early_exit", "block")
 
@@ -62,7 +64,8 @@ class TargetDriver:
 
 
 def cubin_usage(cubin: bytes) -> dict:
-    """REG / STACK / SHARED / LOCAL of the cubin's kernel, from Triton's bundled cuobjdump."""
+    """REG / STACK / SHARED / LOCAL of the cubin's kernel, from Triton's bundled cuobjdump, and `local_in_loops`:
+    the local-memory loads and stores (spills) that sit inside a loop of its SASS."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if not os.path.exists(tool):
         return {}
@@ -70,7 +73,9 @@ def cubin_usage(cubin: bytes) -> dict:
         f.write(cubin)
         f.flush()
         usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    return {key.lower(): int(value) for key, value in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage)}
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    found = {key.lower(): int(value) for key, value in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage)}
+    return {**found, "local_in_loops": local_in_loops(sass)}
 
 
 def plain(value):
