@@ -1,7 +1,7 @@
 """Build `specdec_kernels._C` from csrc/ with nvcc through ninja.
 
 The module is a plain pybind11 extension over raw device pointers: no torch C++ headers,
-so it builds on a machine without a GPU (131 s of CPU time for sm_80 + sm_90 with nvcc 13.0: README, Install)
+so it builds on a machine without a GPU (343 s of CPU time for sm_80 + sm_90 with nvcc 13.0: docs/install.md)
 and runs with any torch version.
 
 Environment:
@@ -13,6 +13,7 @@ Environment:
 
 import importlib.util
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -26,10 +27,24 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 DEFAULT_ARCHS = "80;90"
+# Where the repository lives: the package's links (PyPI's project page) point there. Confirm before a release.
+PROJECT_URL = "https://github.com/specdec-kernels/specdec-kernels"
+BUILD_MINUTES = "about 6 minutes of CPU time, so several minutes on 2 cores"  # docs/install.md: the measurement
+
+
+TTY = "/dev/tty"  # the user's terminal: pip hides a build's own output unless it runs with -v
 
 
 def log(msg: str) -> None:
-    print(f"[specdec-kernels] {msg}", file=sys.stderr, flush=True)
+    line = f"[specdec-kernels] {msg}"
+    print(line, file=sys.stderr, flush=True)
+    if sys.stderr.isatty():
+        return  # already on the terminal (python setup.py, pip -v)
+    try:  # a long compile, or a Python-only install, must not pass unannounced under plain `pip install`
+        with open(TTY, "w") as tty:
+            tty.write(line + "\n")
+    except OSError:
+        pass  # no terminal (CI, a pipe): the line is in pip -v's output
 
 
 def find_nvcc() -> str | None:
@@ -121,6 +136,18 @@ def write_ninja_file(build_dir: Path, output: Path, nvcc: str, archs: list[str])
     return path
 
 
+def version() -> str:
+    return re.search(r'__version__ = "([^"]+)"', (ROOT / "specdec_kernels" / "_version.py").read_text()).group(1)
+
+
+def long_description() -> str:
+    """README.md with its relative links made absolute: PyPI shows the description away from the repository,
+    where `docs/install.md` leads nowhere. Links point at the release's tag, so they match the installed code."""
+    base = f"{PROJECT_URL}/blob/v{version()}/"
+    return re.sub(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)([^)\s]+)\)", lambda m: f"]({base}{m.group(1)})",
+                  (ROOT / "README.md").read_text(encoding="utf-8"))
+
+
 class NinjaCudaBuild(build_ext):
     """Compiles the one CUDA extension with ninja; falls back to Python-only when it cannot."""
 
@@ -153,7 +180,8 @@ class NinjaCudaBuild(build_ext):
         build_dir.mkdir(parents=True, exist_ok=True)
         ninja_file = write_ninja_file(build_dir, output, nvcc, archs)
         jobs = os.environ.get("MAX_JOBS", str(max(1, os.cpu_count() or 1)))
-        log(f"building specdec_kernels._C with {nvcc} for sm_{', sm_'.join(archs)} (+PTX)")
+        log(f"compiling specdec_kernels._C with {nvcc} for sm_{', sm_'.join(archs)} (+PTX), {jobs} job(s): "
+            f"{BUILD_MINUTES} (SPECDEC_NO_CUDA=1 skips it; SPECDEC_CUDA_ARCHS=90 builds one arch)")
         try:
             subprocess.run([ninja, "-f", str(ninja_file), "-j", jobs], check=True, cwd=build_dir)
         except subprocess.CalledProcessError as err:
@@ -167,6 +195,9 @@ if __name__ == "__main__":  # pip's build backend runs this file as __main__; be
         # optional=True: when the module is not built (no nvcc, SPECDEC_NO_CUDA=1, a failed build),
         # setuptools' editable install skips copying it instead of failing with "can't copy
         # .../_C...so: doesn't exist" (tests/test_install_fallback.py covers every install mode).
+        long_description=long_description(),
+        long_description_content_type="text/markdown",
+        project_urls={"Source": PROJECT_URL, "Documentation": f"{PROJECT_URL}/blob/v{version()}/docs/index.md"},
         ext_modules=[Extension("specdec_kernels._C", sources=[], optional=True)],
         cmdclass={"build_ext": NinjaCudaBuild},
     )
