@@ -130,7 +130,8 @@ def all_modes(batch, g, gen):
 
 # ------------------------------------------------------------------ launch plans
 
-@pytest.mark.parametrize("vocab", (7, 300, 1100))
+# 300 and 1100 take 40-100 s each under the interpreter: `slow`, run by CI's main leg (7 covers the carry)
+@pytest.mark.parametrize("vocab", (7, pytest.param(300, marks=pytest.mark.slow), pytest.param(1100, marks=pytest.mark.slow)))
 def test_small_tiles(vocab):
     """BLOCK_V = 16 / 64: many tiles, so the int64 cdf carries across tile boundaries, and
     the final row split into chunks of 1 or 3 tiles (up to 69 programs per row) or kept whole."""
@@ -156,6 +157,7 @@ def test_split_plan_uses_static_shapes_only():
     assert _split_plans.sampling_plan(1, 300, block_v=16, min_tiles=1) == (16, 1, 19)
 
 
+@pytest.mark.slow  # 40-60 s per dtype under the interpreter (the catalog's edge rows cover one-chunk rows)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_edge_rows_with_split_final_rows(dtype):
     """The edge rows again with V = 300 in 19 chunks of 16: empty residuals, no mass, NaN

@@ -232,6 +232,7 @@ def seeded_run():
     return target, draft, drafts, seeds, out, accepted
 
 
+@pytest.mark.slow  # the 200-row interpreted launch behind both chi-square tests takes ~50 s
 def test_chi_square_seeded(seeded_run):
     """The token emitted at position 0 follows p = softmax(target_logits[0] / T)."""
     target, draft, drafts, seeds, out, accepted = seeded_run
@@ -244,6 +245,7 @@ def test_chi_square_seeded(seeded_run):
     assert abs(rate - alpha) < 5 * (alpha * (1 - alpha) / CHI_ROWS) ** 0.5
 
 
+@pytest.mark.slow
 def test_chi_square_catches_a_wrong_residual(seeded_run):
     """Mutation check: the same run with the correction drawn from p instead of the residual
     (same seeded uniforms) must fail the chi-square test."""
