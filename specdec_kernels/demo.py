@@ -1,8 +1,8 @@
 """`specdec-kernels demo`: every strategy on one model pair, checked against greedy and timed.
 
 With no arguments it loads the embedded default models (specdec_kernels.defaults) on the GPU if
-there is one, else the CPU, decodes a few fixed Python-code prompts with plain greedy and with the
-four strategies at lossless settings, prints one sample continuation per strategy and a table of
+there is one, else the CPU, decodes a few fixed Python-code prompts with plain greedy and with every
+strategy (chains and trees) at lossless settings, prints one sample continuation per strategy and a table of
 tokens/s, speed-up over greedy, mean accepted tokens per target forward, acceptance rate and whether
 the tokens equal greedy's. `--models PATH` takes another set in the defaults layout; `--target PATH
 --draft PATH` takes the user's own local HF causal LMs (sharing a tokenizer).
