@@ -1,11 +1,14 @@
 """Which kernels changed since the newest committed GPU results: what the next GPU call checks first.
 
-A kernel is one op on one GPU backend (triton, cuda). Its sources: the module that registers it (the backend
-registry says which) and the modules of its package it imports (relative imports, followed); for cuda also
-csrc/<launcher>.cu and csrc/bind_<launcher>.cpp of its launcher module, with their `#include "..."` closure.
-The files every kernel of a backend reads (triton/_launch.py, cuda/_launch.py, common.cuh, launch_plan.h,
-...) are that backend's shared sources: a change there is listed, and it is what the control sample of every
-unchanged kernel is for, rather than a reason to call every kernel changed.
+A kernel is one op on one GPU backend (triton, cuda). Its sources (specdec_kernels/common/kernel_identity.py):
+the module that registers it (the backend registry says which) and the modules of its package it imports
+(relative imports, followed); for cuda also csrc/<launcher>.cu and csrc/bind_<launcher>.cpp of its launcher
+module, with their `#include "..."` closure and each reached header's implementation (launch_plans.cpp). The
+files every kernel of a backend reads (triton/_launch.py, cuda/_launch.py, common.cuh, launch_plan.h, ...) are
+that backend's shared sources: a change there is listed, and it is what the control sample of every unchanged
+kernel is for, rather than a reason to call every kernel changed. Files are compared by their code (comments,
+docstrings and blank lines do not count). A record also holds each kernel's fingerprint over all its files,
+shared ones included: what the record of GPU-verified kernels keys on (bench/verified_kernels.py).
 
 A GPU result records what it ran on: bench/results/<run>/kernels.json (`--record`), or the `kernels` entry
 of a first look's facts.json, which bench/gpu_first_look.sh writes. The newest record (by its date) is the
@@ -32,6 +35,9 @@ from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from specdec_kernels.common import kernel_identity  # noqa: E402  (standard library only)
+
 RESULTS = ROOT / "bench" / "results"
 PACKAGE = "specdec_kernels"
 BACKENDS = ("cuda", "triton")
@@ -53,29 +59,12 @@ def at_commit(commit: str):
 
 def python_closure(path: str, read) -> set[str]:
     """path and every module of its own package it imports, followed (relative imports only)."""
-    folder = path.rsplit("/", 1)[0]
-    seen, todo = set(), [path]
-    while todo:
-        current = todo.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        for names in re.findall(r"^from \.(\w*) import ([^\n#]+)", read(current) or "", re.M):
-            modules = [names[0]] if names[0] else [n.strip(" ()") for n in names[1].split(",")]
-            todo += [f"{folder}/{name}.py" for name in modules if name]
-    return seen
+    return kernel_identity.python_closure(path, read)
 
 
 def include_closure(paths: list[str], read) -> set[str]:
-    """The C++ files and every `#include "..."` they reach in csrc/."""
-    seen, todo = set(), list(paths)
-    while todo:
-        current = todo.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        todo += [f"csrc/{name}" for name in re.findall(r'^#include "([^"]+)"', read(current) or "", re.M)]
-    return seen
+    """The C++ files and every `#include "..."` they reach in csrc/, with the headers' implementations."""
+    return kernel_identity.include_closure(paths, kernel_identity.includes_of(read))
 
 
 def kernel_modules() -> dict[str, str]:
@@ -95,15 +84,7 @@ def kernel_modules() -> dict[str, str]:
 
 def sources(modules: dict[str, str], read) -> dict[str, set[str]]:
     """{"op/backend": every source file of that kernel} (shared ones included)."""
-    files = {}
-    for key, module in modules.items():
-        found = python_closure(module, read)
-        if key.endswith("/cuda"):
-            launchers = [Path(path).stem for path in found if not Path(path).stem.startswith("_")]
-            entries = [f"csrc/{name}" for stem in launchers for name in (f"{stem}.cu", f"bind_{stem}.cpp")]
-            found |= include_closure([path for path in entries if read(path) is not None], read)
-        files[key] = found
-    return files
+    return {key: kernel_identity.kernel_files(module, key.split("/")[1], read) for key, module in modules.items()}
 
 
 def shared_sources(files: dict[str, set[str]]) -> dict[str, set[str]]:
@@ -116,11 +97,11 @@ def shared_sources(files: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def digest(paths, read) -> tuple[str, dict[str, str]]:
-    """(sha256 over the files' paths and contents, {path: sha256 of its content or MISSING})."""
+    """(sha256 over the files' paths and code hashes, {path: sha256 of its code or MISSING})."""
     each, whole = {}, hashlib.sha256()
     for path in sorted(paths):
         text = read(path)
-        each[path] = MISSING if text is None else hashlib.sha256(text.encode()).hexdigest()
+        each[path] = MISSING if text is None else kernel_identity.file_hash(path, text)
         whole.update(f"{path}\0{each[path]}\0".encode())
     return whole.hexdigest(), each
 
@@ -151,17 +132,19 @@ def record(read=working_tree, *, commit: str | None = None, day: str | None = No
     today = kernel_modules()
     shared = shared_sources(sources(today, working_tree))
     modules = as_of(today, read)
-    kernels, own, every = {}, {}, {}
+    kernels, own, every, fingerprints = {}, {}, {}, {}
     for key, paths in sorted(sources(modules, read).items()):
         if read(modules[key]) is None:
             continue  # the kernel did not exist in that version
         own[key] = sorted(paths - shared[key.split("/")[1]])
         kernels[key], hashes = digest(own[key], read)
         every.update(hashes)
+        fingerprints[key] = kernel_identity.fingerprint(digest(paths, read)[1].values())
     for paths in shared.values():
         every.update(digest(paths, read)[1])
     return {"commit": commit, "date": day or date.today().isoformat(), "kernels": kernels, "sources": own,
-            "shared": {backend: sorted(paths) for backend, paths in shared.items()}, "files": every}
+            "shared": {backend: sorted(paths) for backend, paths in shared.items()}, "files": every,
+            "fingerprints": fingerprints}
 
 
 def records(results: Path = RESULTS) -> list[tuple[str, Path, dict]]:

@@ -21,6 +21,11 @@
 
 namespace py = pybind11;
 
+namespace specdec {
+// setup.py generates its definition (build/.../source_identity.cpp) from the csrc files it compiles.
+const char* source_identity_json();
+}  // namespace specdec
+
 namespace {
 
 std::vector<std::string> compiled_archs() {
@@ -100,6 +105,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_runtime_version", &cuda_runtime_version,
         "cudaRuntimeGetVersion() of the linked runtime, e.g. 13000.");
   m.def("device_count", &device_count, "Number of visible CUDA devices; 0 without driver/GPU.");
+  m.def("source_identity", [] { return std::string(specdec::source_identity_json()); },
+        "JSON {\"csrc/<file>\": [code hash, [included csrc files]]} of the sources this module was built from "
+        "(specdec_kernels/common/kernel_identity.py): what the CUDA kernels' fingerprints are made of.");
 
   for (const specdec::Binder bind : specdec::binder_registry()) bind(m);  // csrc/bind_*.cpp
 }
