@@ -1,6 +1,7 @@
 """Backend registry and selection: on a GPU `auto` tries the kernel backends the GPU measurements
-name for the op and batch (common/auto_table.py; cuda, else triton, for an op never measured), and
-falls back to torch; on a CPU it is torch.
+name for the op and batch (common/auto_table.py; cuda, else triton, for an op never measured), skips
+each one that no GPU of this architecture has verified in its current form (common/kernel_trust.py),
+and falls back to torch; on a CPU it is torch.
 
 A backend may register `limits`: a function of the call's sizes (a dict of named ints and
 the dtype, built by the op: B, G, V, N, H, D, ...) that returns None when its kernels can
@@ -22,6 +23,7 @@ except ImportError:  # pragma: no cover
 
 from . import cuda_module as _cuda_module
 from .auto_table import auto_order
+from .kernel_trust import trusted, verified
 
 BACKENDS = ("torch", "triton", "cuda")
 _IMPLS: dict[str, dict[str, object]] = {}
@@ -89,7 +91,8 @@ def resolve(op: str, backend: str, device: torch.device, *, runs_as: str | None 
     if backend == "auto":
         if on_gpu:
             for candidate in auto_order(kernel_op, sizes):
-                if candidate in available and _loads(candidate) and refusal(kernel_op, candidate, sizes) is None:
+                if (candidate in available and _loads(candidate) and refusal(kernel_op, candidate, sizes) is None
+                        and verified(kernel_op, candidate, device)):
                     return candidate
         return "torch"
     if backend not in available:
@@ -110,6 +113,29 @@ def resolve(op: str, backend: str, device: torch.device, *, runs_as: str | None 
         raise ValueError(f"{op}: the {backend!r} backend cannot serve this call: {reason}; use backend='auto' "
                          f"(it picks a backend that can) or another backend")
     return backend
+
+
+def auto_choice(op: str, device: torch.device, sizes: dict | None = None) -> dict:
+    """What `auto` picks for `op` on `device` and why, as resolve() decides it (without its warning):
+    {"backend": ..., "passed_over": [(backend, why), ...] in the measured order, "unverified": [backends
+    passed over only for want of a GPU's verification]}."""
+    available = implemented_backends(op)
+    passed_over, unverified = [], []
+    if device.type != "cuda":
+        return {"backend": "torch", "passed_over": [], "unverified": []}
+    for candidate in auto_order(op, sizes):
+        if candidate not in available:
+            continue
+        if not _loads(candidate):
+            passed_over.append((candidate, "not installed here"))
+        elif (why := refusal(op, candidate, sizes)) is not None:
+            passed_over.append((candidate, why))
+        elif not trusted(op, candidate, device):
+            passed_over.append((candidate, "not verified on this GPU's architecture in its current form"))
+            unverified.append(candidate)
+        else:
+            return {"backend": candidate, "passed_over": passed_over, "unverified": unverified}
+    return {"backend": "torch", "passed_over": passed_over, "unverified": unverified}
 
 
 def _plain_tensors(values) -> bool:
