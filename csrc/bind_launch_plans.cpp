@@ -10,6 +10,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "launch_plan.h"
 #include "launch_utils.h"
@@ -69,10 +70,19 @@ const std::map<std::string, Planner>& planners() {
        [](const std::string& n, const py::dict& s, const plans::DeviceLimits& lim) {
          return plans::plan_block_verify_logits(need(n, s, "B"), need(n, s, "G"), need(n, s, "V"), lim);
        }},
-      {"tree_rejection_sample",
+      {"tree_rejection_sample",  // code_arch and active[C] (a list of 17) stand in for a device's cluster facts
        [](const std::string& n, const py::dict& s, const plans::DeviceLimits& lim) {
+         plans::ClusterFacts facts = plans::nominal_cluster_facts(lim);
+         facts.code_arch = static_cast<int>(optional(s, "code_arch", facts.code_arch));
+         if (s.contains("active")) {
+           const auto active = s["active"].cast<std::vector<int>>();
+           if (active.size() != plans::kTreeRejectionMaxCluster + 1) {
+             throw std::invalid_argument("launch_plan(" + n + "): active needs 17 counts (cluster sizes 0..16)");
+           }
+           for (int c = 0; c <= plans::kTreeRejectionMaxCluster; ++c) facts.active[c] = active[c];
+         }
          return plans::plan_tree_rejection_sample(need(n, s, "B"), need(n, s, "N"), need(n, s, "V"), lim,
-                                                  static_cast<int>(optional(s, "form", 0)));
+                                                  static_cast<int>(optional(s, "form", 0)), &facts);
        }},
       {"kv_compact",  // vector_bytes: the widest access the caches allow (2, the worst case, if absent)
        [](const std::string& n, const py::dict& s, const plans::DeviceLimits& lim) {
@@ -154,6 +164,16 @@ const specdec::RegisterBindings registered([](py::module_& m) {
       "The launch plan the CUDA launcher of `kernel` would run for `sizes` on a GPU of `arch` (80 or 90): "
       "{'refusal': None or why, 'launches': [{kernel, grid, block, static_smem, dynamic_smem, opt_in}], ...}. "
       "Touches no GPU.");
+  m.def("runnable_code_arch", &plans::runnable_code_arch, py::arg("device_arch"), py::arg("built"),
+        "The virtual arch of the code a device of `device_arch` runs from a module built for `built` (e.g. "
+        "['80', '90']: SASS for each, PTX of the highest); 0 where it has none.");
+  m.def("nominal_cluster_facts", [](int arch) {
+    const plans::ClusterFacts facts = plans::nominal_cluster_facts(plans::arch_limits(arch));
+    py::dict d;
+    d["code_arch"] = facts.code_arch;
+    d["active"] = std::vector<int>(facts.active, facts.active + plans::kTreeRejectionMaxCluster + 1);
+    return d;
+  }, py::arg("arch"), "The cluster facts the published limits of `arch` imply (80 or 90).");
   m.def(
       "device_launch_plan",
       [](const std::string& kernel, const py::dict& sizes) {

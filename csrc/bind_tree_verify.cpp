@@ -191,6 +191,18 @@ struct Launch {
   std::vector<int64_t> scratch;      // per row: state, rank table, chunk sums (garbage-filled)
   std::vector<uint64_t> sync;        // per row: kSyncWords ticket words (zeroed)
   int64_t stride;
+  mutable std::vector<int64_t> tree_copy;  // the completer's "shared memory" copy of a row's tree
+
+  // The row view the serial part reads (kernel: walk_view): for a tree of at most kSharedTreeNodes nodes,
+  // a copy made by the CTA's 256 "threads" (each copy_tree's slice) into garbage-filled memory.
+  tw::RowView<float> walk_view(const tw::RowView<float>& row) const {
+    if (N > tw::kSharedTreeNodes) return row;
+    tree_copy.assign(static_cast<size_t>(2 * N), int64_t{0x5A5A5A5A5A5A5A5A});
+    for (int thread = 0; thread < specdec::plans::kTreeRejectionThreads; ++thread) {
+      tw::copy_tree(row.tree, tree_copy.data(), tree_copy.data() + N, thread, specdec::plans::kTreeRejectionThreads);
+    }
+    return tw::with_tree_copy(row, tree_copy.data(), tree_copy.data() + N);
+  }
 
   tw::RowView<float> row(int64_t b) {
     int64_t* s = scratch.data() + b * stride;
@@ -258,7 +270,7 @@ uint64_t complete_stage(const tw::RowView<float>& row, const Launch& l, uint64_t
     sums.p += row.parts[k * tw::kPartWords + 1];
     sums.q += row.parts[k * tw::kPartWords + 2];
   }
-  const tw::Outcome o = tw::walk_serial<WR, float, HostLoad>(row, stage, sums);
+  const tw::Outcome o = tw::walk_serial<WR, float, HostLoad>(l.walk_view(row), stage, sums);
   if (!o.draw) return (stage + 1) << 32;
   int64_t token = 0;
   if (o.total > 0) {
@@ -398,6 +410,7 @@ std::map<std::string, int64_t> run_cluster(Launch& l, int64_t B, int cluster, ui
   const int W = tw::kPartWords;
   for (int64_t b = 0; b < B; ++b) {
     const tw::RowView<float> row = l.row(b);
+    const tw::RowView<float> walk = l.walk_view(row);  // rank 0's copy of the tree, made once
     std::vector<int64_t> part(static_cast<size_t>(cluster * W), int64_t{0x5A5A5A5A5A5A5A5A});  // per CTA
     std::vector<int64_t> before = part;  // the partials of the stage before (mutate 1)
     std::vector<int> order(static_cast<size_t>(cluster));
@@ -408,7 +421,7 @@ std::map<std::string, int64_t> run_cluster(Launch& l, int64_t B, int cluster, ui
       // rank 0: gather the C partials through "DSMEM", the serial part, the decision
       const std::vector<int64_t> gathered = mutate == 1 ? before : part;
       const tw::Sums sums = stage > 0 ? tw::add_parts(gathered.data(), cluster) : tw::Sums{0, 0, 0};
-      o = tw::walk_serial<WR, float, HostLoad>(row, stage, sums);
+      o = tw::walk_serial<WR, float, HostLoad>(walk, stage, sums);
       ++stats["stages"];
       ++stats["barriers"];  // A: every CTA reads the decision
       if (o.draw) break;
@@ -470,7 +483,7 @@ emu::Launch launch_of(uint64_t target, int64_t t_sb, int64_t t_sn, uint64_t draf
                                              specdec::device_ptr<const int64_t>(offsets), offsets_stride},
                      specdec::device_ptr<int64_t>(out_tokens), specdec::device_ptr<int64_t>(num_accepted),
                      specdec::device_ptr<int64_t>(accepted_nodes), static_cast<int>(N), static_cast<int>(V), max_depth,
-                     chunk, ctas, without_replacement, {}, {}, 0};
+                     chunk, ctas, without_replacement, {}, {}, 0, {}};
 }
 
 // The cluster walk on the host (see emu::run_cluster): the split emulator's inputs, `cluster` CTAs a
@@ -590,6 +603,15 @@ const specdec::RegisterBindings registered([](py::module_& m) {
         "'chunks', 'chunk', 'workspace_bytes' (scratch), 'zeroed_bytes'} on the current device (arch 0) or the "
         "sm_80 / sm_90 table; form 0 auto, 1 split, 2 cluster (ValueError where it cannot run); neither buffer "
         "depends on V.");
+  m.def("tree_cluster_facts", [] {
+    int code_arch = 0, active[specdec::plans::kTreeRejectionMaxCluster + 1] = {};
+    specdec::tree_cluster_facts(&code_arch, active);
+    py::dict d;
+    d["code_arch"] = code_arch;
+    d["active"] = std::vector<int>(active, active + specdec::plans::kTreeRejectionMaxCluster + 1);
+    return d;
+  }, "The current device's cluster facts (needs a GPU): {'code_arch': the virtual arch of the cluster "
+     "kernel's code it runs, 'active': clusters of C CTAs that fit at once, C = 0..16}.");
   m.def("host_tree_rejection_cluster", &host_tree_rejection_cluster, py::arg("target"), py::arg("t_sb"),
         py::arg("t_sn"), py::arg("draft"), py::arg("q_sb"), py::arg("q_sn"), py::arg("tokens"), py::arg("tokens_sb"),
         py::arg("tokens_sn"), py::arg("parents"), py::arg("parents_sb"), py::arg("parents_sn"), py::arg("uniforms"),

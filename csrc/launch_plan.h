@@ -201,12 +201,15 @@ Plan plan_block_verify_logits(int64_t B, int64_t G, int64_t V, const DeviceLimit
 constexpr int kTreeRejectionThreads = 256;
 constexpr int kTreeRejectionBlocksPerSM = 3;    // its __launch_bounds__ residency (<= 80 registers: 4 spill)
 constexpr int64_t kTreeRejectionMaxChunks = 128;
-constexpr int kTreeRejectionSyncWords = 4;      // claim word, finished chunks, CTAs left, pad
+constexpr int kTreeRejectionSyncWords = 16;     // claim word, finished chunks, CTAs left: a 128-byte line a row
 constexpr int kTreeRejectionStateWords = 8;
 constexpr int kTreeRejectionPartWords = 3;      // per chunk: residual, p and Q weight sums
 // tree_rejection_split_kernel: i64 sum[8][2], scan[8]; u64 word; Outcome (48); i64 x3; bool
-// = 128 + 64 + 8 + 48 + 24 + 1.
-constexpr int kTreeRejectionStaticSmem = 273;
+// = 128 + 64 + 8 + 48 + 24 + 1, padded to 288 for the 16-byte aligned dynamic buffer (the tree's copy).
+constexpr int kTreeRejectionStaticSmem = 288;
+// Both forms copy a tree of at most this many nodes into dynamic shared memory (16 bytes a node) before the
+// walk's serial part (tree_walk.cuh, kSharedTreeNodes); a larger tree is read from global memory.
+constexpr int kTreeRejectionSharedNodes = 256;
 // The sm_90 form, tree_rejection_cluster_kernel: grid (B * C), one thread-block cluster of C CTAs
 // (cluster dims (C, 1, 1)) per batch row, CTA r owning ids [r * chunk, (r + 1) * chunk) of every
 // pass; the partial sums and rank 0's decision travel through distributed shared memory, so the
@@ -218,13 +221,34 @@ constexpr int kTreeRejectionPortableCluster = 8;
 constexpr int64_t kTreeRejectionClusterSlice = 8192;      // the slice the plan aims at (the split's largest chunk)
 constexpr int64_t kTreeRejectionClusterMaxSlice = 16384;  // the most ids one CTA's slice holds
 // tree_rejection_cluster_kernel: i64 sum[8][2], scan[8]; i64 part[3], decision[6], parts[16][3],
-// local[6]; i64 found, base; int owner = 128 + 64 + 24 + 48 + 384 + 48 + 16 + 4 (sm_90; on sm_80 the
-// kernel is an empty stub that the plan never launches).
-constexpr int kTreeRejectionClusterStaticSmem = 716;
+// local[6]; i64 found, base; int owner = 128 + 64 + 24 + 48 + 384 + 48 + 16 + 4, padded to 720 for the
+// dynamic buffer (sm_90; on sm_80 the kernel is a stub that traps, which the plan never launches).
+constexpr int kTreeRejectionClusterStaticSmem = 720;
 // form: 0 auto (the cluster form on sm_90 when it fits, else the split form), 1 the split form, 2 the
-// cluster form (refused where it cannot run: arch < 90, V past 16 slices of 16384 ids, B * C > grid x).
+// cluster form (refused where it cannot run: no sm_90 code, V past the slices a schedulable cluster holds,
+// clusters that do not fit one wave, B * C > grid x).
 enum TreeRejectionForm : int { kTreeFormAuto = 0, kTreeFormSplit = 1, kTreeFormCluster = 2 };
-Plan plan_tree_rejection_sample(int64_t B, int64_t N, int64_t V, const DeviceLimits& lim, int form = kTreeFormAuto);
+// What the cluster form needs to know of the device and of the module's code, which the limits do not say
+// (the launcher queries them once per device; the CPU tests pass each case):
+//   code_arch: the virtual arch (__CUDA_ARCH__ / 10) whose code of the cluster kernel the device runs
+//     (cudaFuncAttributes::ptxVersion); below 90 the kernel's body is a stub that traps, so the plan never
+//     picks it (a `_C` built without sm_90 code on an H100 runs sm_80 code);
+//   active[C]: thread-block clusters of C CTAs that fit on the device at once (cudaOccupancyMaxActiveClusters;
+//     0 where such a cluster cannot be scheduled at all: MIG, MPS and green contexts shrink what fits).
+struct ClusterFacts {
+  int code_arch;
+  int active[kTreeRejectionMaxCluster + 1];
+};
+// The facts the published limits imply: the device's own arch's code, and floor(3 * SMs / C) clusters of up
+// to 16 CTAs on sm_90 / sm_100 (8 elsewhere; none below sm_90). An upper bound: a cluster sits in one GPC.
+ClusterFacts nominal_cluster_facts(const DeviceLimits& lim);
+// The virtual arch of the code the driver runs on a device of `device_arch` from a module built for `built`
+// (setup.py's gencode: SASS for each arch, PTX of the highest): the highest SASS of the device's major at or
+// below it ("90a": that arch alone), else that PTX where its arch is at or below the device's (JIT-compiled),
+// else 0 (no code for this device: every launch fails).
+int runnable_code_arch(int device_arch, const std::vector<std::string>& built);
+Plan plan_tree_rejection_sample(int64_t B, int64_t N, int64_t V, const DeviceLimits& lim, int form = kTreeFormAuto,
+                                const ClusterFacts* facts = nullptr);
 
 }  // namespace plans
 }  // namespace specdec

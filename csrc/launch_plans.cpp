@@ -5,6 +5,7 @@
 #include "launch_plan.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -571,23 +572,32 @@ SplitPlan tree_rejection_splits(int64_t B, int64_t V, int sms) {
   return s;
 }
 
-// The cluster form's size C and slice. A row's CTAs stay resident for its whole walk, so CTAs past one
-// wave (3 per SM) run a later round of rows: while B rows fit one wave with slices of <= 8192 ids (the
-// split's largest chunk: passes and the final rescan stay short) those, else slices of up to 16384 ids
-// (fewer CTAs a row, fewer rounds: B = 64 at V = 128256 gets 8 CTAs of 16032 ids, a portable size); at
-// least 2048 ids a slice (the split's smallest chunk) and enough CTAs to fill the device when B is
-// small. C = ceil(V / slice), so the slices cover V exactly and none is empty. {0, 0} when V needs more
-// slices of kTreeRejectionClusterMaxSlice than a cluster holds: 16 on sm_90 / sm_100 (the non-portable
-// size those parts accept), else the portable 8.
-SplitPlan tree_rejection_cluster(int64_t B, int64_t V, int sms, int arch) {
+// The largest cluster size with a schedulable cluster.
+int64_t largest_cluster(const ClusterFacts& facts) {
+  for (int c = kTreeRejectionMaxCluster; c >= 1; --c) {
+    if (facts.active[c] > 0) return c;
+  }
+  return 0;
+}
+
+// The cluster form's size C and slice. A row's CTAs stay resident for its whole walk, so clusters past
+// what fits on the device at once (facts.active[C]) would run a later round of rows: the largest C whose B
+// clusters fit at once (`fill`) bounds it. While slices of <= 8192 ids (the split's largest chunk: passes
+// and the final rescan stay short) fit, those, else slices of up to 16384 ids (fewer CTAs a row); at least
+// 2048 ids a slice (the split's smallest chunk), and up to `fill` CTAs to fill the device when B is small.
+// C = ceil(V / slice), so the slices cover V exactly and none is empty. {0, 0} when V needs more slices of
+// kTreeRejectionClusterMaxSlice than the largest cluster the device schedules. A C past `fill` comes back
+// when even the long slices do not fit one wave: the caller then takes the split form.
+SplitPlan tree_rejection_cluster(int64_t B, int64_t V, const ClusterFacts& facts) {
   constexpr int64_t kChunkAlign = 8, kMinSlice = 2048;
-  const int64_t most = arch == 90 || arch == 100 ? kTreeRejectionMaxCluster : kTreeRejectionPortableCluster;
-  const int64_t wave = int64_t{kTreeRejectionBlocksPerSM} * std::max(sms, 1);
+  const int64_t most = largest_cluster(facts);
+  if (most < 1) return {0, 0};
+  int64_t fill = 0;
+  for (int c = 1; c <= most; ++c) {
+    if (facts.active[c] >= std::max<int64_t>(B, 1)) fill = c;
+  }
   const int64_t short_slices = ceil_div(V, kTreeRejectionClusterSlice);
-  const int64_t cover = std::max<int64_t>(B, 1) * short_slices <= wave
-                            ? short_slices
-                            : ceil_div(V, kTreeRejectionClusterMaxSlice);
-  const int64_t fill = ceil_div(wave, std::max<int64_t>(B, 1));
+  const int64_t cover = short_slices <= fill ? short_slices : ceil_div(V, kTreeRejectionClusterMaxSlice);
   int64_t c = std::max(cover, std::min(fill, std::max<int64_t>(1, V / kMinSlice)));
   c = std::min<int64_t>(std::max<int64_t>(c, 1), most);
   const int64_t slice = ceil_div(ceil_div(V, c), kChunkAlign) * kChunkAlign;
@@ -595,27 +605,69 @@ SplitPlan tree_rejection_cluster(int64_t B, int64_t V, int sms, int arch) {
   return {static_cast<int>(ceil_div(V, slice)), static_cast<int>(slice)};
 }
 
+// Why the cluster form cannot run this call ("" when it can).
+std::string no_cluster_form(int64_t B, const SplitPlan& cl, const DeviceLimits& lim, const ClusterFacts& facts) {
+  if (lim.arch < 90) return "the cluster form needs sm_90 (thread-block clusters)";
+  if (facts.code_arch < 90) {
+    return "the cluster form needs sm_90 code in _C (this device runs its sm_" + std::to_string(facts.code_arch) +
+           " code, where the cluster kernel is a stub)";
+  }
+  if (cl.splits == 0) return "the cluster form needs V <= C * 16384 for a cluster of C CTAs the device schedules";
+  if (B * cl.splits > lim.grid_x) return "the cluster form's grid B * C > grid x";
+  // A row's CTAs wait on each other at every stage, so rows whose clusters wait for a free slot run in later
+  // rounds: past one wave the split form (work stealing, no co-residency) is the faster one.
+  if (B > facts.active[cl.splits]) {
+    return "the cluster form's " + std::to_string(B) + " clusters of " + std::to_string(cl.splits) +
+           " CTAs do not fit one wave (" + std::to_string(facts.active[cl.splits]) + " at once)";
+  }
+  return "";
+}
+
 }  // namespace
 
-Plan plan_tree_rejection_sample(int64_t B, int64_t N, int64_t V, const DeviceLimits& lim, int form) {
+ClusterFacts nominal_cluster_facts(const DeviceLimits& lim) {
+  ClusterFacts facts{};
+  facts.code_arch = lim.arch;
+  const int most = lim.arch < 90 ? 0
+                   : lim.arch == 90 || lim.arch == 100 ? kTreeRejectionMaxCluster
+                                                       : kTreeRejectionPortableCluster;
+  for (int c = 1; c <= most; ++c) facts.active[c] = kTreeRejectionBlocksPerSM * std::max(lim.sms, 1) / c;
+  return facts;
+}
+
+int runnable_code_arch(int device_arch, const std::vector<std::string>& built) {
+  int sass = 0, ptx = 0;
+  for (const std::string& name : built) {
+    const bool specific = !name.empty() && name.back() == 'a';  // sm_90a: that arch alone
+    const int a = std::stoi(specific ? name.substr(0, name.size() - 1) : name);
+    const bool runs = specific ? a == device_arch : a / 10 == device_arch / 10 && a <= device_arch;
+    if (runs) sass = std::max(sass, a);
+    const bool newer = ptx == 0 || a > std::abs(ptx);
+    if (newer) ptx = specific ? -a : a;  // the highest arch's PTX ships (negative: arch-specific)
+  }
+  if (sass > 0) return sass;
+  if (ptx > 0 && ptx <= device_arch) return ptx;
+  if (ptx < 0 && -ptx == device_arch) return -ptx;
+  return 0;
+}
+
+Plan plan_tree_rejection_sample(int64_t B, int64_t N, int64_t V, const DeviceLimits& lim, int form,
+                                const ClusterFacts* facts) {
   const char* op = "tree_rejection_sample";
   require(B >= 0 && N >= 0 && V >= 0, op, "B, N and V must be >= 0");
   require(form == kTreeFormAuto || form == kTreeFormSplit || form == kTreeFormCluster, op,
           "form must be 0 (auto), 1 (split) or 2 (cluster)");
   if (V < 1 || V >= kRejectionMaxVocab) return refused("V must be in [1, 2^23) (fixed-point totals stay exact below)");
   if (N > kInt32Max / 4) return refused("N >= 2^29");
-  // The cluster form where the device has clusters (sm_90) and a row's slices fit one cluster.
-  const SplitPlan cl = tree_rejection_cluster(B, V, lim.sms, lim.arch);
-  std::string no_cluster;
-  if (lim.arch < 90) {
-    no_cluster = "the cluster form needs sm_90 (thread-block clusters)";
-  } else if (cl.splits == 0) {
-    no_cluster = "the cluster form needs V <= 16 * 16384 (8 * 16384 where 16-CTA clusters are not allowed)";
-  } else if (B * cl.splits > lim.grid_x) {
-    no_cluster = "the cluster form's grid B * C > grid x";
-  }
+  const ClusterFacts known = facts != nullptr ? *facts : nominal_cluster_facts(lim);
+  // The cluster form where the device runs its sm_90 code, a cluster it schedules holds a row's slices, and
+  // every row's cluster fits on the device at once.
+  const SplitPlan cl = tree_rejection_cluster(B, V, known);
+  const std::string no_cluster = no_cluster_form(B, cl, lim, known);
   if (form == kTreeFormCluster && !no_cluster.empty()) return refused(no_cluster);
   const bool cluster = form != kTreeFormSplit && no_cluster.empty();
+  // the tree copied into shared memory for the walk's serial part, where it is small enough
+  const int64_t tree_smem = N <= kTreeRejectionSharedNodes ? 16 * N : 0;
   Plan plan;
   if (cluster) {
     // state and rank table only: the partial sums live in the CTAs' shared memory
@@ -630,8 +682,9 @@ Plan plan_tree_rejection_sample(int64_t B, int64_t N, int64_t V, const DeviceLim
     plan.values["chunk"] = cl.chunk;
     plan.values["cluster"] = cl.splits;
     plan.values["portable"] = cl.splits <= kTreeRejectionPortableCluster ? 1 : 0;
+    plan.values["tree_in_smem"] = tree_smem > 0 ? 1 : 0;
     return check(plan, add_launch(plan, "tree_rejection_cluster_kernel", B * cl.splits, 1, 1, kTreeRejectionThreads,
-                                  kTreeRejectionClusterStaticSmem, 0, lim));
+                                  kTreeRejectionClusterStaticSmem, tree_smem, lim));
   }
   const int64_t stride = kTreeRejectionStateWords + 2 * N + kTreeRejectionMaxChunks * kTreeRejectionPartWords;
   plan.values = {{"scratch_stride", stride},
@@ -644,8 +697,9 @@ Plan plan_tree_rejection_sample(int64_t B, int64_t N, int64_t V, const DeviceLim
   plan.values["chunks"] = s.splits;
   plan.values["chunk"] = s.chunk;
   plan.values["cluster"] = 0;
+  plan.values["tree_in_smem"] = tree_smem > 0 ? 1 : 0;
   return check(plan, add_launch(plan, "tree_rejection_split_kernel", B, s.splits, 1, kTreeRejectionThreads,
-                                kTreeRejectionStaticSmem, 0, lim));
+                                kTreeRejectionStaticSmem, tree_smem, lim));
 }
 
 }  // namespace plans

@@ -32,9 +32,13 @@
 // (independent siblings) or 2 (without replacement: the node's one q row, the rank table holding
 // the rejected tokens and the float64 scales S / T'). Rows are read 16 bytes at a time when p's
 // row and the draft block are 16-byte aligned with whole-word strides, element by element otherwise.
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "chain_common.cuh"
 #include "common.cuh"
@@ -167,14 +171,15 @@ using tree_walk::Outcome;
 using tree_walk::RowView;
 using tree_walk::Sums;
 constexpr int kSplitThreads = split_v::kThreads;
-// Four resident CTAs per SM (<= 64 registers a thread), the residency the plan's splits assume.
+// Three resident CTAs per SM (<= 80 registers a thread: 4 would spill), the residency the plan's splits assume.
 constexpr int kSplitBlocksPerSM = 3;
 static_assert(kSplitThreads == plans::kTreeRejectionThreads && kSplitBlocksPerSM == plans::kTreeRejectionBlocksPerSM,
               "launch_plan.h mirrors the block size and the residency");
 static_assert(tree_walk::kSyncWords == plans::kTreeRejectionSyncWords &&
                   tree_walk::kStateWords == plans::kTreeRejectionStateWords &&
-                  tree_walk::kPartWords == plans::kTreeRejectionPartWords,
-              "launch_plan.h sizes the workspace with these words");
+                  tree_walk::kPartWords == plans::kTreeRejectionPartWords &&
+                  tree_walk::kSharedTreeNodes == plans::kTreeRejectionSharedNodes,
+              "launch_plan.h sizes the workspace and the shared tree with these");
 
 // Element loads of the walk's serial part (tree_walk.cuh calls Load::at from SPECDEC_HD code;
 // the host never instantiates this policy).
@@ -221,7 +226,21 @@ struct SplitParams {
   int chunks;                 // V-chunks of a pass (= gridDim.y)
   int64_t chunk;              // elements per chunk, a multiple of 8 (16-byte slots stay aligned)
   int64_t scratch_stride;     // int64 words per row
+  int tree_in_smem;           // the walk reads a copy of the row's tree in dynamic shared memory (N <= 256)
 };
+
+// The dynamic shared memory both forms copy the row's tree into (tree_walk::copy_tree): parents, then tokens.
+extern __shared__ __align__(16) int64_t tree_smem[];
+
+// The row view the walk's serial part reads: the tree copied into shared memory by the whole CTA (every
+// thread must call this), or the row's own when the tree is too large for the copy.
+template <typename T>
+__device__ __forceinline__ RowView<T> walk_view(const RowView<T>& row, const SplitParams& s) {
+  if (!s.tree_in_smem) return row;  // uniform
+  tree_walk::copy_tree(row.tree, tree_smem, tree_smem + s.N, static_cast<int>(threadIdx.x), kSplitThreads);
+  __syncthreads();
+  return tree_walk::with_tree_copy(row, tree_smem, tree_smem + s.N);
+}
 
 template <typename T>
 __device__ __forceinline__ RowView<T> row_view(const SplitParams& s, int64_t b) {
@@ -383,7 +402,8 @@ __device__ unsigned long long complete_stage(const RowView<T>& row, const SplitP
                                              long long (*sum_scratch)[2], long long* scan_scratch, Outcome* s_outcome,
                                              long long* s_chunk, long long* s_base, long long* s_found) {
   const Sums sums = stage > 0 ? block_row_sums(row.parts, s.chunks, sum_scratch) : Sums{0, 0, 0};
-  if (threadIdx.x == 0) *s_outcome = tree_walk::walk_serial<WR, T, DeviceLoad<T>>(row, stage, sums);
+  const RowView<T> walk = walk_view(row, s);
+  if (threadIdx.x == 0) *s_outcome = tree_walk::walk_serial<WR, T, DeviceLoad<T>>(walk, stage, sums);
   __syncthreads();  // also publishes thread 0's table entries to the rescan below
   const Outcome o = *s_outcome;
   if (!o.draw) return (static_cast<unsigned long long>(stage) + 1) << 32;
@@ -435,9 +455,11 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) tree_rejecti
     const int64_t c = static_cast<int64_t>(word & 0xFFFFFFFFull);
     const int64_t chunks = stage == 0 ? 1 : s.chunks;  // stage 0: one empty chunk; its completer starts the walk
     if (c >= chunks) {  // every chunk of the stage is held by a running CTA: wait for the next stage
-      if (threadIdx.x == 0) {
+      if (threadIdx.x == 0) {  // one lane polls (its CTA waits at the barrier), backing off to ~0.5 us
+        unsigned pause = 32;
         while ((*reinterpret_cast<volatile unsigned long long*>(&sync[tree_walk::kClaim]) >> 32) == stage) {
-          __nanosleep(100);
+          __nanosleep(pause);
+          pause = min(2 * pause, 512u);
         }
       }
       __syncthreads();
@@ -470,7 +492,9 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) tree_rejecti
     }
   }
   if (threadIdx.x == 0 && atomicAdd(&sync[tree_walk::kLeaving], 1ull) == gridDim.y - 1ull) {
-    // the row's last CTA leaves: every CTA of the row has made its last access to these words
+    // the row's last CTA leaves: every CTA of the row has made its last access to these words, and the
+    // fence orders those accesses (seen through the atomic) before the plain stores that zero them
+    __threadfence();
     sync[tree_walk::kClaim] = 0;
     sync[tree_walk::kFinished] = 0;
     sync[tree_walk::kLeaving] = 0;
@@ -489,7 +513,9 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) tree_rejecti
 // partials' column, find_slice names the slice holding the threshold, its CTA rescans that slice
 // (rescan_chunk) and writes the token. A CTA arrives at a last cluster barrier after its last remote
 // read and waits on it before leaving, so no CTA's shared memory goes away while another reads it.
-// Built for sm_90 only: on sm_80 the kernel is an empty stub the plan never launches.
+// Built for sm_90 only: compiled for an older arch the kernel is a stub that traps (the plan never launches it
+// where the device runs such code: ClusterFacts::code_arch), so a mistake fails loudly instead of leaving
+// the outputs unwritten.
 static_assert(tree_walk::kMaxCluster == plans::kTreeRejectionMaxCluster, "launch_plan.h mirrors the cluster cap");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -538,6 +564,8 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) tree_rejecti
   const int C = s.chunks;  // = the cluster size
   const int64_t b = cluster_id_x();
   const RowView<T> row = row_view<T>(s, b);
+  // rank 0 runs the serial part: it reads the tree from its shared copy (uniform per CTA)
+  const RowView<T> walk = rank == 0 ? walk_view(row, s) : row;
   uint64_t stage = 0;
   Outcome o;
   while (true) {
@@ -549,7 +577,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) tree_rejecti
       __syncthreads();
       if (threadIdx.x == 0) {
         const Sums sums = stage > 0 ? tree_walk::add_parts(&s_parts[0][0], C) : Sums{0, 0, 0};
-        const Outcome d = tree_walk::walk_serial<WR, T, DeviceLoad<T>>(row, stage, sums);
+        const Outcome d = tree_walk::walk_serial<WR, T, DeviceLoad<T>>(walk, stage, sums);
         s_decision[0] = (d.draw ? 1 : 0) | (d.plain ? 2 : 0);
         s_decision[1] = d.total;
         s_decision[2] = tree_walk::double_to_bits(d.u);
@@ -602,6 +630,8 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) tree_rejecti
     if (rank == 0 && threadIdx.x == 0) tree_walk::finish_row(row, o.level, tree_walk::clamp_id(0, s.V));
   }
   cluster_wait();  // no CTA leaves while another may still read its shared memory
+#elif defined(__CUDA_ARCH__)
+  __trap();  // no clusters in this code: launched here it would leave every output unwritten
 #endif
 }
 
@@ -634,6 +664,80 @@ void launch_greedy_typed(const void* logits, int64_t stride_b, int64_t stride_n,
       static_cast<int>(plan.at("chunk")), max_depth);
 }
 
+
+// ---------------------------------------------------------------------------
+// The cluster form's facts on the current device (plans::ClusterFacts), queried once per device: every
+// instance of the cluster kernel is asked for the virtual arch of the code this device runs
+// (cudaFuncAttributes::ptxVersion) and, for each cluster size, how many such clusters fit at once
+// (cudaOccupancyMaxActiveClusters with the non-portable size allowed and the largest dynamic shared memory
+// a launch asks for); the least answer over the instances counts. A size the device refuses counts 0, so the
+// plan falls back to a smaller cluster or to the split form instead of a launch error.
+// ---------------------------------------------------------------------------
+using ClusterKernel = void (*)(SplitParams);
+
+template <typename T>
+void add_instances(std::vector<ClusterKernel>& kernels) {
+  kernels.push_back(tree_rejection_cluster_kernel<T, false>);
+  kernels.push_back(tree_rejection_cluster_kernel<T, true>);
+}
+
+plans::ClusterFacts query_cluster_facts(const plans::DeviceLimits& lim) {
+  std::vector<ClusterKernel> kernels;
+  add_instances<float>(kernels);
+  add_instances<__half>(kernels);
+  add_instances<__nv_bfloat16>(kernels);
+  plans::ClusterFacts facts{};
+  facts.code_arch = 1 << 20;
+  for (ClusterKernel kernel : kernels) {
+    cudaFuncAttributes attributes{};
+    SPECDEC_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    facts.code_arch = std::min(facts.code_arch, attributes.ptxVersion);
+  }
+  if (lim.arch < 90 || facts.code_arch < 90) return facts;  // no clusters to ask about
+  for (int c = 1; c <= plans::kTreeRejectionMaxCluster; ++c) {
+    int fewest = 1 << 30;
+    for (ClusterKernel kernel : kernels) {
+      SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(static_cast<unsigned>(c), 1, 1);
+      config.blockDim = dim3(plans::kTreeRejectionThreads, 1, 1);
+      config.dynamicSmemBytes = 16 * plans::kTreeRejectionSharedNodes;
+      cudaLaunchAttribute attribute[1];
+      attribute[0].id = cudaLaunchAttributeClusterDimension;
+      attribute[0].val.clusterDim.x = static_cast<unsigned>(c);
+      attribute[0].val.clusterDim.y = 1;
+      attribute[0].val.clusterDim.z = 1;
+      config.attrs = attribute;
+      config.numAttrs = 1;
+      int active = 0;
+      if (cudaOccupancyMaxActiveClusters(&active, kernel, &config) != cudaSuccess) {
+        cudaGetLastError();  // a size this device refuses: not an error of the caller's
+        active = 0;
+      }
+      fewest = std::min(fewest, active);
+    }
+    facts.active[c] = fewest;
+  }
+  return facts;
+}
+
+plans::ClusterFacts current_cluster_facts(const plans::DeviceLimits& lim) {
+  static std::mutex mutex;
+  static std::map<int, plans::ClusterFacts> cache;
+  int device = 0;
+  SPECDEC_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = cache.find(device);
+  if (found == cache.end()) found = cache.emplace(device, query_cluster_facts(lim)).first;
+  return found->second;
+}
+
+// The plan on the current device: its limits and its cluster facts (the launch and the buffers' sizes agree).
+plans::Plan current_rejection_plan(int64_t B, int64_t N, int64_t V, int form) {
+  const plans::DeviceLimits lim = current_device_limits();
+  const plans::ClusterFacts facts = current_cluster_facts(lim);
+  return plans::plan_tree_rejection_sample(B, N, V, lim, form, &facts);
+}
 
 template <typename T>
 void launch_rejection_typed(const SplitParams& params, const plans::Plan& plan, bool without_replacement,
@@ -710,9 +814,15 @@ void launch_tree_greedy_verify(const void* logits, int64_t stride_b, int64_t str
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 
+void tree_cluster_facts(int* code_arch, int* active) {
+  const plans::ClusterFacts facts = current_cluster_facts(current_device_limits());
+  *code_arch = facts.code_arch;
+  for (int c = 0; c <= plans::kTreeRejectionMaxCluster; ++c) active[c] = facts.active[c];
+}
+
 TreeRejectionPlan tree_rejection_sample_plan(int64_t B, int64_t N, int64_t V, int arch, int form) {
-  const plans::Plan plan = plans::plan_tree_rejection_sample(
-      B, N, V, arch == 0 ? current_device_limits() : plans::arch_limits(arch), form);
+  const plans::Plan plan = arch == 0 ? current_rejection_plan(B, N, V, form)
+                                     : plans::plan_tree_rejection_sample(B, N, V, plans::arch_limits(arch), form);
   check_arg(plan.ok(), "tree_rejection_sample", plan.refusal.c_str());
   TreeRejectionPlan out{};
   out.blocks = B;
@@ -736,7 +846,7 @@ void launch_tree_rejection_sample(const void* target_probs, int64_t target_strid
                                   int dtype, cudaStream_t stream, bool without_replacement, int form) {
   const char* op = "tree_rejection_sample";
   check_common(op, B, N, max_depth, dtype);
-  const plans::Plan plan = plans::plan_tree_rejection_sample(B, N, V, current_device_limits(), form);
+  const plans::Plan plan = current_rejection_plan(B, N, V, form);
   check_arg(plan.ok(), op, plan.refusal.c_str());
   if (B == 0) return;
   const bool split = plan.at("form") == plans::kTreeFormSplit;  // the cluster form takes no zeroed words
@@ -766,6 +876,7 @@ void launch_tree_rejection_sample(const void* target_probs, int64_t target_strid
   params.chunks = static_cast<int>(plan.at("chunks"));
   params.chunk = plan.at("chunk");
   params.scratch_stride = plan.at("scratch_stride");
+  params.tree_in_smem = static_cast<int>(plan.at("tree_in_smem"));
   switch (dtype) {
     case kFloat32:
       launch_rejection_typed<float>(params, plan, without_replacement, stream);

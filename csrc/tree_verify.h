@@ -65,7 +65,7 @@ struct TreeRandomness {
 // `chunk` elements per V-chunk. Two buffers, neither growing with V: `workspace_bytes` of scratch
 // (per row: the walk state, the rank table of 2N int64, the chunk sums of at most 128 chunks;
 // every word is written before it is read, so it need not be zeroed and is left as garbage) and
-// `zeroed_bytes` of ticket words (32 bytes per row) that must be zeroed and are left zeroed.
+// `zeroed_bytes` of ticket words (128 bytes per row) that must be zeroed and are left zeroed.
 // The cluster form (sm_90): grid (blocks * cluster) in clusters of `cluster` CTAs, `chunks` == cluster
 // slices of `chunk` ids; scratch of the state and rank table only, zeroed_bytes 0 (no tickets).
 struct TreeRejectionPlan {
@@ -80,6 +80,10 @@ struct TreeRejectionPlan {
 };
 // form: 0 auto (the cluster form on sm_90 where it fits), 1 split, 2 cluster (refused where it cannot run).
 TreeRejectionPlan tree_rejection_sample_plan(int64_t B, int64_t N, int64_t V, int arch = 0, int form = 0);
+
+// The current device's cluster facts as the plan reads them (plans::ClusterFacts, queried once per device):
+// the virtual arch of the cluster kernel's code this device runs, and active[C] for C in 0..16.
+void tree_cluster_facts(int* code_arch, int* active);
 
 // target_probs / draft_probs: [B, N, V] of `dtype`, last dim contiguous, with
 // their own element strides. workspace: plan.workspace_bytes, 8-byte aligned, any content;

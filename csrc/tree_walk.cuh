@@ -33,8 +33,10 @@ constexpr int64_t kResid = 1;   // the residual after the state's `rank` rejecti
 constexpr int64_t kFinalP = 2;  // p's weights alone (a final draw with no rejection at the node)
 constexpr uint64_t kDoneStage = 0x7FFFFFFFu;  // the claim word's stage once the row is finished
 
-// Per row, in the zeroed workspace: the claim word, finished chunks of the stage, CTAs that left.
-constexpr int kSyncWords = 4;
+// Per row, in the zeroed workspace: the claim word, finished chunks of the stage, CTAs that left, padded to
+// a 128-byte line of their own: a row's waiting CTAs poll its claim word, and a line shared with other rows
+// would bounce between their atomics and those polls (the workspace starts 128-byte aligned).
+constexpr int kSyncWords = 16;
 enum SyncWord : int { kClaim = 0, kFinished = 1, kLeaving = 2 };
 // Per row, scratch written before it is read (no zeroing): the walk state, the rank table
 // (2N words: per rejected rank the child or token, then the total or scale), the chunk sums.
@@ -360,6 +362,26 @@ SPECDEC_HD Outcome walk_serial(const RowView<T>& row, uint64_t stage, const Sums
     save_state(row.state, s);
     return out;
   }
+}
+
+// The walk's serial part scans parents (next_child) and reads tokens one by one, in one thread: from global
+// memory every one of those reads misses L1 at each stage after a fence. So the thread block that runs it
+// first copies the row's tree into its shared memory, where the plan leaves room for trees of at most
+// kSharedTreeNodes nodes (16 bytes a node); thread `first` of `step` copies nodes first, first + step, ...
+constexpr int kSharedTreeNodes = 256;
+
+SPECDEC_HD void copy_tree(const TreeRow& tree, int64_t* parents, int64_t* tokens, int first, int step) {
+  for (int c = first; c < tree.N; c += step) {
+    parents[c] = tree.parent(c);
+    tokens[c] = tree.token(c);
+  }
+}
+
+// The row view whose tree is the copy copy_tree made (dense, stride 1).
+template <typename T>
+SPECDEC_HD RowView<T> with_tree_copy(RowView<T> row, const int64_t* parents, const int64_t* tokens) {
+  row.tree = TreeRow{parents, 1, tokens, 1, row.tree.N};
+  return row;
 }
 
 // The row's outputs once the walk ends at `level` with `token`: num_accepted, -1 past it.

@@ -36,7 +36,7 @@ def test_plan_splits_vocab_with_buffers_that_do_not_grow_with_it(arch):
         if vocab <= 128 * 8192:
             assert chunk <= max(8192, -(-vocab // 8 * 8)), (batch, vocab)
         assert plan["workspace_bytes"] == batch * (8 + 2 * 16 + 128 * 3) * 8
-        assert plan["zeroed_bytes"] == batch * 32
+        assert plan["zeroed_bytes"] == batch * 128  # a 128-byte line of ticket words a row
         launched = _C.launch_plan("tree_rejection_sample", dict(B=batch, N=16, V=vocab, form=1), arch)
         assert [launch["grid"] for launch in launched["launches"]] == [(batch, chunks, 1)]
         assert (launched["chunks"], launched["chunk"]) == (chunks, chunk)
@@ -58,12 +58,14 @@ def test_plan_picks_the_cluster_form_on_sm90_only(arch):
     """sm_90: one cluster of C <= 16 CTAs per row (> 8 only as the non-portable size), grid B * C, slices of a
     multiple of 8 ids covering V exactly (none empty), <= 8192 ids where 16 slices allow it, scratch of the
     state and rank table only, no zeroed words, the static shared memory far below the 48 KiB default.
-    sm_80 never gets it (forcing it is refused); past 16 slices of 16384 ids sm_90 runs the split form."""
+    sm_80 never gets it (forcing it is refused); past 16 slices of 16384 ids, or where the B clusters do not
+    fit on the device at once (3 CTAs on each of 132 SMs), sm_90 runs the split form."""
     for batch, vocab in ((1, 128256), (64, 128256), (256, 151936), (3, 40), (1, 1), (2, 32000), (10**5, 262144),
                          (1, 262145), (2, 2**23 - 1)):
         plan = _C.tree_rejection_sample_plan(batch, 16, vocab, arch, 0)
         launched = _C.launch_plan("tree_rejection_sample", dict(B=batch, N=16, V=vocab), arch)
-        fits = arch == 90 and -(-vocab // 16) <= 16384
+        fewest = -(-vocab // 16384)
+        fits = arch == 90 and fewest <= 16 and batch * fewest <= 3 * 132
         assert plan["form"] == ("cluster" if fits else "split"), (arch, batch, vocab)
         assert launched["cluster"] == plan["cluster"] and launched["form"] == (2 if fits else 1)
         if not fits:
@@ -78,13 +80,14 @@ def test_plan_picks_the_cluster_form_on_sm90_only(arch):
         assert plan["workspace_bytes"] == batch * (8 + 2 * 16) * 8 and plan["zeroed_bytes"] == 0
         launch = launched["launches"][0]
         assert launch["static_smem"] + launch["dynamic_smem"] < 48 * 1024 and not launch["opt_in"]
-    # the bench's V: 16 slices of 8016 ids at B = 1, 8 (portable) of 16032 at B = 64 (fewer rounds of rows);
-    # a small V at B = 1 still fills 15 CTAs of >= 2048 ids
+    # the bench's V: 16 slices of 8016 ids at B = 1; at B = 64 the 8 CTAs of 16032 ids a row would take two
+    # rounds of rows (512 CTAs, 396 slots): the split form; a small V at B = 1 still fills 15 CTAs of >= 2048 ids
     if arch == 90:
         assert _C.tree_rejection_sample_plan(1, 16, 128256, 90, 0)["chunk"] == 8016
         assert _C.tree_rejection_sample_plan(1, 16, 128256, 90, 0)["cluster"] == 16
-        assert _C.tree_rejection_sample_plan(64, 16, 128256, 90, 0)["cluster"] == 8
-        assert _C.tree_rejection_sample_plan(64, 16, 128256, 90, 0)["chunk"] == 16032
+        assert _C.tree_rejection_sample_plan(64, 16, 128256, 90, 0)["form"] == "split"
+        b32 = _C.tree_rejection_sample_plan(32, 16, 128256, 90, 0)  # the most CTAs whose 32 clusters fit at once
+        assert b32["cluster"] == 12 and 32 * 12 <= 396 < 32 * 13 and b32["chunk"] == 10688
         assert _C.tree_rejection_sample_plan(1, 16, 32000, 90, 0)["cluster"] == 15
         assert _C.tree_rejection_sample_plan(64, 16, 32000, 90, 0)["cluster"] <= 8  # portable when B fills the device
         assert _C.tree_rejection_sample_plan(1, 16, 128256, 90, 1)["form"] == "split"  # forced

@@ -397,12 +397,17 @@ def test_tree_attention_d64_opts_in(compiled, arch, dtype, rows):
 @example(arch=90, B=10**6, N=16, V=262144, form=2)
 def test_tree_rejection_sample_plans(compiled, arch, B, N, V, form):
     """Split form, grid (B, chunks): every CTA of a row owns ids of each pass, the chunks' sums fit the 128
-    slots of the scratch. Cluster form (sm_90 only; auto picks it there when 16 slices of 16384 ids cover V),
-    grid (B * C) in clusters of C <= 16: the slices cover V exactly, scratch of state and rank table only, no
-    zeroed words. Both: the kernel's registers give the planned CTAs per SM, the buffers never grow with V."""
+    slots of the scratch, a row's ticket words fill a 128-byte line. Cluster form (sm_90 only; auto picks it
+    there when the slices of a cluster of at most 16 CTAs cover V and the B clusters fit on the device at once:
+    past one wave the split form runs), grid (B * C) in clusters of C <= 16: the slices cover V exactly, scratch
+    of state and rank table only, no zeroed words. Both: the kernel's registers give the planned CTAs per SM,
+    the buffers never grow with V, a tree of <= 256 nodes is copied into 16 bytes a node of dynamic shared
+    memory."""
     p = plan("tree_rejection_sample", arch, B=B, N=N, V=V, form=form)
     assert_fits(p, arch, compiled)
-    cluster_fits = arch == 90 and -(-V // 16) <= 16384
+    wave = 3 * _C.launch_limits(arch)["sms"]
+    fewest = -(-V // 16384)  # the fewest CTAs whose slices cover V
+    cluster_fits = arch == 90 and fewest <= 16 and B * fewest <= wave
     assert served(p) == (V < 2**23 and N < 2**29 and (form != 2 or cluster_fits)), p
     if not served(p):
         return
@@ -411,13 +416,15 @@ def test_tree_rejection_sample_plans(compiled, arch, B, N, V, form):
     if cluster:
         assert p["scratch_bytes"] == B * (8 + 2 * N) * 8 and p["zeroed_bytes"] == 0
     else:
-        assert p["scratch_bytes"] == B * (8 + 2 * N + 128 * 3) * 8 and p["zeroed_bytes"] == B * 32
+        assert p["scratch_bytes"] == B * (8 + 2 * N + 128 * 3) * 8 and p["zeroed_bytes"] == B * 128
     if B:
         assert_residency(compiled, arch, p)
         assert p["chunk"] % 8 == 0 and (p["chunks"] - 1) * p["chunk"] < V <= p["chunks"] * p["chunk"]
+        assert p["launches"][0]["dynamic_smem"] == (16 * N if N <= 256 else 0) and p["tree_in_smem"] == (N <= 256)
     if B and cluster:
         assert 1 <= p["cluster"] == p["chunks"] <= 16 and p["portable"] == (p["cluster"] <= 8)
-        one_wave = B * -(-V // MAX_CHUNK) <= 3 * _C.launch_limits(arch)["sms"]  # short slices while rows fit a wave
+        assert B * p["cluster"] <= wave  # every row's cluster on the device at once: no second round
+        one_wave = B * -(-V // MAX_CHUNK) <= wave  # short slices while rows fit a wave
         assert p["chunk"] <= (MAX_CHUNK if V <= 16 * MAX_CHUNK and one_wave else 16384)
         assert p["launches"][0]["grid"] == (B * p["cluster"], 1, 1)
         assert p["launches"][0]["kernel"] == "tree_rejection_cluster_kernel"
@@ -425,6 +432,89 @@ def test_tree_rejection_sample_plans(compiled, arch, B, N, V, form):
         assert 1 <= p["chunks"] <= 128 and p["cluster"] == 0
         assert p["chunk"] <= max(MAX_CHUNK, -(-V // 128 // 8) * 8)  # past V = 2^20 the 128 slots set the chunk
         assert p["launches"][0]["grid"] == (B, p["chunks"], 1)
+
+
+def test_the_cluster_form_leaves_the_split_form_past_one_wave():
+    """B = 64 at V = 128256 took 8-CTA clusters (512 CTAs against 396 slots on an H100): two rounds of rows,
+    each waiting on its own CTAs. Now one wave or the split form."""
+    assert plan("tree_rejection_sample", 90, B=64, N=16, V=128256)["form"] == 1
+    assert plan("tree_rejection_sample", 90, B=49, N=16, V=128256)["cluster"] == 8  # 49 x 8 = 392 <= 396
+    refused = plan("tree_rejection_sample", 90, B=64, N=16, V=128256, form=2)["refusal"]
+    assert "do not fit one wave" in refused
+
+
+def facts(arch, **changes):
+    """The nominal cluster facts of `arch`, changed: code_arch=..., or active=[...] (sizes 0..16)."""
+    return {**_C.nominal_cluster_facts(arch), **changes}
+
+
+def test_a_cluster_the_device_cannot_schedule_falls_back():
+    """MIG, MPS and green contexts shrink what a GPC holds: a refused cluster size is a smaller cluster or the
+    split form, never a launch error (the launcher asks cudaOccupancyMaxActiveClusters once per device)."""
+    nominal = facts(90)["active"]
+    eight = [n if c <= 8 else 0 for c, n in enumerate(nominal)]  # no non-portable sizes
+    p = plan("tree_rejection_sample", 90, B=1, N=8, V=32000, **facts(90, active=eight))
+    assert p["form"] == 2 and p["cluster"] <= 8
+    wide = plan("tree_rejection_sample", 90, B=1, N=8, V=200000, **facts(90, active=eight))  # needs 13 of 16384
+    assert wide["form"] == 1
+    none = plan("tree_rejection_sample", 90, B=1, N=8, V=32000, **facts(90, active=[0] * 17))
+    assert none["form"] == 1 and "cannot" not in str(none["refusal"])
+    forced = plan("tree_rejection_sample", 90, B=1, N=8, V=32000, form=2, **facts(90, active=[0] * 17))
+    assert forced["refusal"] and "cluster" in forced["refusal"]
+    two = [min(n, 2) for n in nominal]  # two clusters at once: B = 3 rows take the split form
+    assert plan("tree_rejection_sample", 90, B=2, N=8, V=32000, **facts(90, active=two))["form"] == 2
+    assert plan("tree_rejection_sample", 90, B=3, N=8, V=32000, **facts(90, active=two))["form"] == 1
+
+
+# Device capability x the archs `_C` was built for (setup.py: SASS of each, PTX of the highest).
+BUILDS = (["80"], ["90"], ["80", "90"], ["86"], ["90a"], ["80", "90", "100"], ["80", "86", "89"])
+CAPABILITIES = (80, 86, 89, 90, 100, 120)
+
+
+def test_the_code_a_device_runs_from_a_build():
+    runs = _C.runnable_code_arch
+    assert runs(90, ["80", "90"]) == 90 and runs(80, ["80", "90"]) == 80 and runs(86, ["80", "90"]) == 80
+    assert runs(90, ["80"]) == 80  # SPECDEC_CUDA_ARCHS=80 on an H100: sm_80 PTX, JIT-compiled
+    assert runs(100, ["80", "90"]) == 90 and runs(120, ["80", "90"]) == 90  # the PTX of sm_90
+    assert runs(80, ["90"]) == 0 and runs(89, ["90"]) == 0  # nothing this device can run
+    assert runs(90, ["90a"]) == 90 and runs(100, ["90a"]) == 0  # arch-specific code runs on its arch alone
+    assert runs(89, ["80", "86", "89"]) == 89 and runs(90, ["80", "86", "89"]) == 89
+
+
+@pytest.mark.parametrize("built", BUILDS, ids=";".join)
+@pytest.mark.parametrize("capability", CAPABILITIES)
+def test_no_device_and_build_launches_the_cluster_stub(compiled, capability, built):
+    """Over device capability x built archs, no plan launches the cluster kernel where the device runs code
+    below sm_90 (there it is a stub that traps: the compiled sm_80 kernel holds no work, see below); and a
+    device running sm_90 code does take the cluster form where it fits."""
+    code = _C.runnable_code_arch(capability, built)
+    table = 90 if capability >= 90 else 80  # the limits: the published table of its generation
+    for B, V in ((1, 1000), (1, 128256), (4, 32000), (64, 128256), (1, 262144)):
+        for form in (0, 2):
+            p = plan("tree_rejection_sample", table, B=B, N=8, V=V, form=form, **facts(table, code_arch=code))
+            kernels = [launch["kernel"] for launch in p["launches"]]
+            if code < 90:
+                assert "tree_rejection_cluster_kernel" not in kernels, (capability, built, B, V, form)
+                assert form == 0 or p["refusal"], p
+            elif table == 90 and (B, V) in ((1, 1000), (1, 128256), (4, 32000)):
+                assert kernels == ["tree_rejection_cluster_kernel"], (capability, built, B, V, form)
+    # the stub the plans avoid: compiled below sm_90 the cluster kernel is a handful of registers, no shared
+    # memory, and traps (cuobjdump -sass shows its BPT.TRAP)
+    regs, shared = compiled[(80, "tree_rejection_cluster_kernel")]
+    assert regs <= 8 and shared == {0}
+
+
+def test_the_cluster_stub_traps():
+    triton = pytest.importorskip("triton")
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        pytest.skip("no cuobjdump in this triton install")
+    sass = subprocess.run([tool, "-sass", "-arch", "sm_80", _C.__file__], capture_output=True, text=True).stdout
+    bodies = re.split(r"\n\s*Function : ", sass)
+    stubs = [body for body in bodies if "tree_rejection_cluster_kernel" in body.split("\n", 1)[0]]
+    assert len(stubs) == 6, len(stubs)  # float, half, bfloat16 x both sibling rules
+    assert all("BPT.TRAP" in body for body in stubs)
+
 
 # ---------------------------------------------------------------------------------- routing
 @pytest.fixture(params=ARCHS)

@@ -3,10 +3,12 @@ one kernel launch per call, no host sync, buffers sized by (B, N) only; and the 
 the two forms of the sampling kernel (`emulate_rejection_on_host`: the split-V work-stealing kernel;
 `emulate_cluster_on_host`: the sm_90 thread-block-cluster kernel; CPU tests).
 
-tree_rejection_sample's form: the plan picks the cluster form on sm_90 where it fits, the split
-form elsewhere. SPECDEC_TREE_FORM=split|cluster (read at every call, so a benchmark or a GPU test
-can time and check both on one device) forces one; forcing "cluster" where it cannot run (below
-sm_90, V past 16 slices of 16384 ids) raises ValueError from the plan."""
+tree_rejection_sample's form: the plan picks the cluster form on sm_90 where the device runs `_C`'s
+sm_90 code, a cluster the device schedules holds a row's slices and every row's cluster fits on the
+device at once (the launcher asks the runtime once per device: csrc/tree_verify.cu, ClusterFacts); the
+split form elsewhere. SPECDEC_TREE_FORM=split|cluster (read at every call, so a benchmark or a GPU test
+can time and check both on one device) forces one; forcing "cluster" where it cannot run raises
+ValueError from the plan."""
 
 import os
 
