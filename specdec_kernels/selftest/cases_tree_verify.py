@@ -36,16 +36,28 @@ TIERS = {
                  tile_splits=(True, False), edge_tile_splits=(True, False), block_vs=(16, None),
                  star_block_vs=(16,)),
     "quick": dict(THE_OP_ONLY, shapes=SMALL_SHAPES, shape_dtypes=DTYPES, gpu_batches=(4,), gpu_vocabs=(32000,),
-                  sampled_shapes=((4, 12, 32000),)),
+                  sampled_shapes=((4, 12, 32000),), repeats=(20,)),
     "full": dict(THE_OP_ONLY, shapes=SMALL_SHAPES + ((8, 64, 151936), (64, 16, 151936), (256, 8, 32000)),
                  shape_dtypes=DTYPES, gpu_batches=(1, 4, 16), gpu_vocabs=(32000, 128256),
-                 sampled_shapes=((1, 7, 1000), (4, 12, 32000), (16, 32, 128256))),
+                 sampled_shapes=((1, 7, 1000), (4, 12, 32000), (16, 32, 128256)), repeats=(50,)),
 }
 
 
 # ---------------------------------------------------------------------------- running and judging
 
 def _call(op, x, backend, launcher):
+    """The op on `backend`; x["repeat"] = K: K calls back to back on the same inputs, their outputs stacked
+    (the torch reference once, repeated: the stress is of the kernels' hand-offs and handed-back words)."""
+    x = dict(x)
+    repeat = x.pop("repeat", 1)
+    calls = 1 if backend == "torch" else repeat
+    outputs = [_call_once(op, x, backend, launcher) for _ in range(calls)]
+    if repeat == 1:
+        return outputs[0]
+    return tuple(torch.stack([out[i] for out in outputs] * (repeat // calls)) for i in range(len(outputs[0])))
+
+
+def _call_once(op, x, backend, launcher):
     from .. import ops, reference
     from ..common.registry import implementation
 
@@ -280,7 +292,10 @@ SAMPLING = (
         Row("sampled siblings {shape_name} {mode}{cut_label}", b.sampled_production,
             (("dtype", DTYPES), ("shape", "sampled_shapes"), ("mode", MODES), ("cut", production_cuts))),
         Row("non-contiguous unaligned inputs V=32000 {mode}", b.unaligned_sampling,
-            (("mode", ("uniforms32", "per-row seeds")),), dtype=torch.float16))),
+            (("mode", ("uniforms32", "per-row seeds")),), dtype=torch.float16),
+        # back-to-back calls on long rejection chains: many stages a row, the words each call hands back zeroed
+        Row("repeated calls x{repeat}: wide trees V=32000 {drafts}", b.repeated_wide_tree,
+            (("drafts", tuple(b.WIDE_SIBLINGS)), ("repeat", "repeats")), dtype=torch.bfloat16))),
 )
 
 TABLES = (("tree_greedy_verify", run_greedy, GREEDY), ("tree_rejection_sample", run_rejection, SAMPLING))

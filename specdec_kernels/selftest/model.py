@@ -56,6 +56,8 @@ class Plan:
     capture: Callable | None = None
     # op -> at most this many of its cases (tiers.spread); an op not named here runs every case of the profile
     cases_per_op: dict = field(default_factory=dict)
+    # on_check(op, backend, check) before each check starts: what the watchdog (watchdog.py) names on a hang
+    on_check: Callable | None = None
 
 
 class Row(NamedTuple):

@@ -1,6 +1,8 @@
 """Running the checks: every backend on each case against the reference, its CUDA-graph replay,
 the engine check (engine.py), and the stop after a CUDA error that poisons the context."""
 
+import contextlib
+import os
 import time
 from typing import Callable
 
@@ -21,6 +23,46 @@ from .tiers import spread
 CASE_FAMILIES = (logit_verify_cases, rejection_sampling_cases, block_verification_cases, tree_verify_cases,
                  attention_cases, kv_cases, early_exit_cases)
 REFUSAL = "cannot serve this call"  # what a backend past its registered launch limits says (common/registry.py)
+FORM_REFUSAL = "the cluster form"  # what the CUDA tree plan says where a forced cluster form cannot run
+# bench/gpu_first_look.sh's dry run and tests/test_selftest_watchdog.py: every check of the op named here blocks,
+# as a synchronize behind a deadlocked kernel would, so that the watchdog's handling of a hang shows without a GPU
+STAND_IN_HANG = "SPECDEC_SELFTEST_STAND_IN_HANG"
+
+
+def _forms(case: Case, backend: str, device) -> tuple:
+    """The forms a check runs a kernel in: tree_rejection_sample's CUDA kernel in its split form and, where
+    the device has thread-block clusters (sm_90 and later), its cluster form too (SPECDEC_TREE_FORM), since
+    auto picks only one of them per shape; (None,): one plain run."""
+    if (case.op == "tree_rejection_sample" and backend == "cuda" and device.type == "cuda"
+            and torch.cuda.get_device_capability(device) >= (9, 0)):
+        return ("split", "cluster")
+    return (None,)
+
+
+@contextlib.contextmanager
+def _tree_form(form: str | None):
+    """SPECDEC_TREE_FORM=form for the calls inside (the CUDA launcher reads it at every call)."""
+    if form is None:
+        yield
+        return
+    before = os.environ.get("SPECDEC_TREE_FORM")
+    os.environ["SPECDEC_TREE_FORM"] = form
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SPECDEC_TREE_FORM", None)
+        else:
+            os.environ["SPECDEC_TREE_FORM"] = before
+
+
+def _starting(plan: Plan, op: str, backend: str, name: str) -> None:
+    """Tell the watchdog (plan.on_check) which check starts; the stand-in hang blocks here."""
+    if plan.on_check is not None:
+        plan.on_check(op, backend, name)
+    if os.environ.get(STAND_IN_HANG) == op:
+        while True:
+            time.sleep(3600)
 
 
 def _copy_into(static: dict, fresh: dict) -> None:
@@ -75,31 +117,43 @@ def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
             raise ContextLost(f"{case.op} {case.name} (reference)", results) from error
         return results
     for backend in backends:
+        for form in _forms(case, backend, device):
+            with _tree_form(form):
+                _check(plan, case, backend, inputs, want, "" if form is None else f" [{form} form]", result, results)
+    return results
+
+
+def _check(plan: Plan, case: Case, backend: str, inputs: dict, want, suffix: str, result: Callable,
+           results: list) -> None:
+    """One backend on one case (and its CUDA-graph replay), recorded through result(backend, name, ...) into
+    `results` (what a lost context reports)."""
+    device, name = plan.device, case.name + suffix
+    start = time.perf_counter()
+    try:
+        _starting(plan, case.op, backend, name)
+        got = case.run(inputs, backend)
+        sync(device)
+        error, problem = case.compare(got, want, inputs)
+        result(backend, name, FAIL if problem else PASS, error, problem or "", start)
+    except Exception as error:  # noqa: BLE001
+        message = describe_error(error)
+        if isinstance(error, ValueError) and (REFUSAL in message or (suffix and FORM_REFUSAL in message)):
+            result(backend, name, SKIP, message=message, start=start)  # past a launch limit, or a form's
+            return
+        result(backend, name, FAIL, message=message, start=start)
+        if not context_alive(device):
+            raise ContextLost(f"{case.op} [{backend}] {name}", results) from error
+        return
+    if case.graph and plan.graphs and (device.type == "cuda" or plan.capture is not None):
         start = time.perf_counter()
         try:
-            got = case.run(inputs, backend)
-            sync(device)
-            error, problem = case.compare(got, want, inputs)
-            result(backend, case.name, FAIL if problem else PASS, error, problem or "", start)
+            _starting(plan, case.op, backend, name + " graph")
+            error, problem = graph_check(plan, case, backend)
+            result(backend, name + " graph", FAIL if problem else PASS, error, problem or "", start)
         except Exception as error:  # noqa: BLE001
-            message = describe_error(error)
-            if isinstance(error, ValueError) and REFUSAL in message:
-                result(backend, case.name, SKIP, message=message, start=start)  # past a registered launch limit
-                continue
-            result(backend, case.name, FAIL, message=message, start=start)
+            result(backend, name + " graph", FAIL, message=describe_error(error), start=start)
             if not context_alive(device):
-                raise ContextLost(f"{case.op} [{backend}] {case.name}", results) from error
-            continue
-        if case.graph and plan.graphs and (device.type == "cuda" or plan.capture is not None):
-            start = time.perf_counter()
-            try:
-                error, problem = graph_check(plan, case, backend)
-                result(backend, case.name + " graph", FAIL if problem else PASS, error, problem or "", start)
-            except Exception as error:  # noqa: BLE001
-                result(backend, case.name + " graph", FAIL, message=describe_error(error), start=start)
-                if not context_alive(device):
-                    raise ContextLost(f"{case.op} [{backend}] {case.name} graph", results) from error
-    return results
+                raise ContextLost(f"{case.op} [{backend}] {name} graph", results) from error
 
 
 def cuda_graph_capture(device: torch.device, fn):
@@ -197,6 +251,7 @@ def execute(plan: Plan, progress: Callable = lambda op, done, seconds: None) -> 
                                   message=f"not run: the CUDA context was lost at {lost}"))
         elif usable:
             try:
+                _starting(plan, "engine", ",".join(usable), "every strategy")
                 run_engine(plan, tuple(usable), results.append)
             except ContextLost as error:
                 results.append(Result("engine", "-", "CUDA context", "-", FAIL,

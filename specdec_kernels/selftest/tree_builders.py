@@ -474,6 +474,11 @@ def _shared_or_top_k_drafts(target, draft, tokens, parents, gen):
 WIDE_SIBLINGS = {"shared-q and one-hot top-k drafts": "independent", "sampled siblings, NaN/inf/zero rows, repeats": WR}
 
 
+def repeated_wide_tree(seed, device, drafts, repeat):
+    """wide_tree in bfloat16 with seeded coins, called `repeat` times back to back (cases_tree_verify._call)."""
+    return dict(wide_tree(seed, device, torch.bfloat16, 32000, "seed+offsets", drafts), repeat=repeat)
+
+
 def wide_tree(seed, device, dtype, vocab, mode, drafts):
     """Root with 10 children, node 1 with 8, the rest under node 2: long rejection chains with
     i.i.d.-style drafts (shared q) and one-hot (top-k) drafts; NaN / inf / zero rows. V = 32000
