@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from . import verified, watchdog
 from .model import DTYPES, FAIL, PASS, SKIP, Plan, Result
 from .report import JsonLinesLog, format_header, format_report, header, matrix
 from .runner import CASE_FAMILIES, execute, run_case
@@ -36,6 +37,7 @@ GPU_BACKENDS = ("cuda", "triton")
 NO_GPU = ("specdec-kernels selftest: no CUDA GPU is visible (torch.cuda.is_available() is False); "
           "selftest checks the GPU kernels and needs one.")
 EXIT_OK, EXIT_FAILED, EXIT_NO_GPU = 0, 1, 2
+WATCHDOG_S = 300  # on a GPU, by default: longer than any check takes (a production shape's first Triton compile)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,18 +64,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-engine", action="store_true",
                         help="skip the engine check (every strategy on the embedded default models vs greedy)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    parser.add_argument("--watchdog", type=float, metavar="SECONDS",
+                        help=f"run the checks in a child process and call a check with no result after SECONDS a "
+                             f"hang: it fails, the child is killed and a fresh one goes on with the next op (default "
+                             f"{WATCHDOG_S} on a GPU, off with --device cpu; 0: off)")
+    parser.add_argument("--worker-log", help=argparse.SUPPRESS)  # the watched child's JSON-lines log (watchdog.py)
 
 
 def _split(text: str | None) -> list[str] | None:
     return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _argv(args) -> list[str]:
-    """The command line of `args` again (to re-run the CPU dev mode under the Triton interpreter)."""
+def _argv(args, *, ops: str | None = None, control: str | None = None, outputs: bool = True) -> list[str]:
+    """The command line of `args` again (to re-run the CPU dev mode under the Triton interpreter); a watched
+    child's: other ops, no output files, no watchdog of its own."""
     argv = ["selftest", "--device", args.device, "--seed", str(args.seed)]
-    for flag, value in (("--json", args.json), ("--jsonl", args.jsonl), ("--ops", args.ops),
-                        ("--control-ops", args.control_ops), ("--backends", args.backends)):
-        if value is not None:
+    named = (("--ops", args.ops if ops is None else ops), ("--control-ops", args.control_ops if control is None
+                                                           else control), ("--backends", args.backends))
+    if outputs:
+        named += (("--json", args.json), ("--jsonl", args.jsonl))
+        argv += [] if args.watchdog is None else ["--watchdog", f"{args.watchdog:g}"]
+    for flag, value in named:
+        if value:
             argv += [flag, value]
     for flag, on in (("--quick", args.quick), ("--no-graphs", args.no_graphs), ("--no-engine", args.no_engine)):
         if on:
@@ -118,6 +130,10 @@ def run(args) -> int:
             return EXIT_NO_GPU
         if device.index is not None and device.index >= torch.cuda.device_count():
             return fail(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    seconds = args.watchdog if args.watchdog is not None else (WATCHDOG_S if device.type == "cuda" else 0)
+    if seconds > 0 and not args.worker_log:
+        return _watched(args, device, wanted, control, seconds)
+    if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)
     elif os.environ.get("TRITON_INTERPRET") != "1":
@@ -131,7 +147,10 @@ def run(args) -> int:
                 ops=tuple(dict.fromkeys([*wanted, *control])), graphs=not args.no_graphs,
                 engine=not args.no_engine, seed=args.seed, cases_per_op=limits)
     info = header(plan)
-    if args.jsonl:
+    if args.worker_log:  # a watched child: every check and a marker before each into the watchdog's log
+        plan.results = JsonLinesLog(args.worker_log, info)
+        plan.on_check = watchdog.marker(plan.results)
+    elif args.jsonl:
         plan.results = JsonLinesLog(args.jsonl, info)
     print(format_header(info), flush=True)
     start = time.perf_counter()
@@ -153,13 +172,49 @@ def run(args) -> int:
     except Exception:  # noqa: BLE001 - a bug of the selftest itself: report it with what ran so far
         results = plan.results
         results.append(Result("selftest", "-", "internal error", "-", FAIL, message=traceback.format_exc(limit=3)))
-    seconds = time.perf_counter() - start
+    if args.worker_log:
+        return EXIT_OK if verdict(results) else EXIT_FAILED  # the watchdog's process reports
+    return finish(args, info, results, time.perf_counter() - start)
+
+
+def finish(args, info: dict, results: list[Result], seconds: float) -> int:
+    """The report, the --json file, the local record of the kernels this run verified; the exit status."""
     print()
     print(format_report(results, seconds), flush=True)
     if args.json:
         write_json(args.json, info, results, seconds, finished=True)
         print(f"wrote {args.json}")
+    line = verified.summary(info, results)
+    if line:
+        print(line)
     return EXIT_OK if verdict(results) else EXIT_FAILED
+
+
+def _watched(args, device: torch.device, wanted: list[str], control: list[str], seconds: float) -> int:
+    """The run in watched children (watchdog.py): this process relays their checks to --jsonl, then reports."""
+    results: list[Result] = []
+    state: dict = {}
+    start = time.perf_counter()
+
+    def on_header(info: dict) -> None:
+        if "info" not in state:
+            state["info"] = info
+            state["log"] = JsonLinesLog(args.jsonl, info) if args.jsonl else None
+
+    def on_result(result: Result) -> None:
+        results.append(result)
+        if state.get("log") is not None:
+            state["log"].append(result)
+
+    def command(remaining: list[str], log) -> list[str]:
+        keep = lambda names: ",".join(name for name in names if name in remaining)  # noqa: E731
+        argv = _argv(args, ops=keep(wanted) or ("" if control else None), control=keep(control), outputs=False)
+        return [sys.executable, "-m", "specdec_kernels", *argv, "--worker-log", str(log)]
+
+    order = [name for name in dict.fromkeys([*wanted, *control]) if name != "engine"]
+    order += ["engine"] if "engine" in [*wanted, *control] else []  # the engine check runs last
+    watchdog.supervise(order, command, watchdog.child_environment(device.type), seconds, on_header, on_result)
+    return finish(args, state.get("info", {}), results, time.perf_counter() - start)
 
 
 def verdict(results: list[Result]) -> bool:

@@ -165,6 +165,10 @@ class JsonLinesLog(list):
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
+    def note(self, record: dict) -> None:
+        """A line that is no check (the watchdog's {"running": ...} markers)."""
+        self._write(record)
+
     def append(self, result: Result) -> None:
         super().append(result)
         self._write(asdict(result))
