@@ -18,6 +18,7 @@ from ._fixed_point import count_at_or_below, draw_threshold, to_weights
 from ._launch import MAX_GRID_YZ, device_scope, randomness_mode, tree_outputs
 from ._philox import SALT_ACCEPT, SALT_FINAL, UNIFORMS, philox_uniform, row_stream
 from ._split_plans import BLOCK_V, MAX_TILES, MIN_TILES, TARGET_PROGRAMS, most_sampling_splits, sampling_plan
+from ._split_v_sampling import INTERPRET
 from ._tree_walk import load_tree, next_child
 
 # what the next stage's pass computes (the walk state's `kind`)
@@ -35,7 +36,9 @@ TOTAL: tl.constexpr = tl.constexpr(4)
 Q_LEFT: tl.constexpr = tl.constexpr(5)
 KIND: tl.constexpr = tl.constexpr(6)
 STATE_WORDS: tl.constexpr = tl.constexpr(8)
-SYNC_WORDS: tl.constexpr = tl.constexpr(4)  # per row, in the zeroed workspace: claim word, finished chunks, programs left
+# per row, in the zeroed workspace: claim word, finished chunks, programs left, padded to a 128-byte line of
+# their own (a row's waiting programs poll its claim word; a line shared with other rows' atomics would bounce)
+SYNC_WORDS: tl.constexpr = tl.constexpr(16)
 PART_WORDS: tl.constexpr = tl.constexpr(3)  # per chunk: sum of residual weights, of p's, of Q's
 RANK_TABLE_COLUMNS = 2  # per node slot of a row: the rejected child (token) of that rank, its total (scale)
 CUT_CAP: tl.constexpr = tl.constexpr(2**41)  # above any R(x) <= 2^40: N capped cuts stay inside int64
@@ -108,6 +111,16 @@ def _tile_weights(p_row, q_base, stride_qn, table, n, count, offs, vocab, plain,
     else:
         w, _ = _residual(p, q_base, stride_qn, table, n, count, offs, m, WR)
     return w
+
+
+@triton.jit
+def _pause(nanoseconds):
+    """Sleep about `nanoseconds` (PTX nanosleep, sm_70+) between polls of the claim word, so waiting programs
+    leave its line to the atomics that move the row on (Triton has no thread index: each warp polls, one
+    request a warp). Nothing under the interpreter, which runs no PTX."""
+    if not INTERPRET:
+        tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, $1;", "=r,r", [nanoseconds], dtype=tl.int32,
+                                  is_pure=False, pack=1)
 
 
 # ------------------------------------------------------------------ a program's chunk of a pass
@@ -431,7 +444,10 @@ def _tree_rejection_kernel(
                 tl.atomic_xchg(claim, nxt, sem="release")
         else:  # every chunk of this stage is claimed by running programs: wait for the next stage
             waiting = tl.full((), 1, tl.int1)
+            pause = tl.full((), 32, tl.int32)
             while waiting:
+                _pause(pause)
+                pause = tl.minimum(pause * 2, 512)  # backing off to ~0.5 us, a fraction of a stage
                 waiting = (tl.load(claim, volatile=True) >> 32) == stage
     tl.debug_barrier()
     claim = sync_ptr + b * SYNC_WORDS
@@ -449,7 +465,7 @@ def rejection_plan(batch: int, n: int, vocab: int, *, block_v: int = BLOCK_V, mi
 
     Nothing grows with V but the chunk sums (3 int64 per chunk, at most V / 2048 chunks): the rank
     table is int64 [B, 2N] (per rejected rank: the child or token, the total or scale), the walk
-    state int64 [B, 8], and the claim words 32 bytes per row of the zeroed workspace. The residual
+    state int64 [B, 8], and the claim words 128 bytes per row of the zeroed workspace. The residual
     is recomputed from p and the rejected siblings' q rows, never stored.
     """
     block_v, tiles, chunks = sampling_plan(batch, vocab, block_v, min_tiles, max_tiles, target_programs)
