@@ -7,17 +7,23 @@
 #   bash bench/gpu_first_look.sh --second OUT   # next: the full `pytest -m gpu`, compute-sanitizer memcheck + racecheck
 #   bash bench/gpu_first_look.sh --grids OUT    # then: the benchmark grids and the end-to-end sweep
 #   bash bench/gpu_first_look.sh --dry-run [--second | --grids] OUT   # the same on a CPU (CI): stand-ins, tiny
-#                                               # shapes, the same stages and file names, no timing claims
+#                                               # shapes, the same stages and file names, no timing claims; a
+#                                               # stand-in test that hangs shows a hang costing one test
 #
 # First call (budgets in PLAN below; they sum to <= 540 s, DEADLINE_S ends every stage by then):
 #   facts        GPU, driver, versions; the kernels changed since the newest committed GPU results
 #                (bench/gpu_changes.py: new ones first)                         -> summary.txt, facts.json
 #   build        _C for this GPU's arch only, in place, every core; skipped when a matching _C imports
 #   selftest     correctness of what has not run on a GPU first: selftest --quick on the changed ops (new first),
-#                a control sample of the unchanged ones, then the engine check (every strategy vs HF greedy)
+#                a control sample of the unchanged ones, then the engine check (every strategy vs HF greedy);
+#                the CUDA tree sampler in both forms; a check hung past its watchdog fails and the next op runs
 #                                                                               -> selftest.jsonl
 #   tests        beside the selftest, in the background on cores - 4 workers: pytest -m gpu --gpu-focus <changed
-#                kernels> (their quick tier; a control sample of the others)   -> pytest_gpu.log, pytest_gpu.xml
+#                kernels> (their quick tier; a control sample of the others), both tree forms, through
+#                bench/gpu_pytest.py: a test hung past its limit is killed, failed, and the rest run on
+#                                                                               -> pytest_gpu.log, pytest_gpu.xml
+#   memcheck     compute-sanitizer memcheck of the changed CUDA kernels only: 2 tiny cases an op, both tree forms
+#                                                                               -> log.txt
 #   probe        bench/gpu_probe.py, the GPU otherwise idle: L2 flushed, % of bench/_bound.py's bound, the new
 #                ops first, tree_attention at 2 shapes beside SDPA              -> probe.jsonl
 #   e2e          bench/e2e.py, TinyLlama-1.1B-shaped synthetic aligned pair, bf16, graphs on, batch 1 and 8,
@@ -61,7 +67,7 @@ status=0
 # Each call's stages and their budgets in seconds, in order. Branches joined by "|" run side by side (the wall
 # they take is the longest branch); "+" chains stages inside a branch. The wall must fit the 540 s of a call.
 declare -A PLAN=(
-  [first]="facts:15 build:60 selftest:170|tests:170 probe:120 e2e:160 digest:5"
+  [first]="facts:15 build:60 selftest:170|tests:170 memcheck:40 probe:110 e2e:140 digest:5"
   [second]="facts:15 build:60 memcheck:150+racecheck:150|tests:450 digest:5"
   [grids]="facts:15 build:60 verify:100 tree_attention:90 kv_compact:40 early_exit_topk:60 e2e:165 digest:5"
 )
@@ -137,14 +143,18 @@ print(sum(int(x.get('tests', 0)) for x in s.iter('testsuite')), 'rows in pytest_
     echo "${n:-0} rows in pytest_gpu.log (cut off before its junit file)"
   fi
 }
-start_tests() {  # budget name, pytest arguments...: pytest -m gpu in the background, its pid in $tests_pid
+start_tests() {  # pytest arguments...: pytest -m gpu in the background, its pid in $tests_pid. Through
+  # bench/gpu_pytest.py: a test past PYTEST_PER_TEST seconds (a kernel that never ends) is killed, counted as a
+  # failure, and pytest goes on without it (a per-test timeout inside pytest cannot end a stuck CUDA call)
   local limit
   limit=$(cap "$(budget tests)")
   say "tests: pytest -m gpu $(echo "$*" | sed -E 's/(--gpu-focus) ([^ ]{60})[^ ]+/\1 \2.../') ${par[*]+${par[*]}} \
-started in the background (timeout $limit s)"
+started in the background (timeout $limit s, $per_test s a test)"
   tests_started=$SECONDS
-  timeout "$limit" $py -m pytest -m gpu -v -p no:cacheprovider --continue-on-collection-errors -rfEs \
-    ${par[@]+"${par[@]}"} --junitxml "$out/pytest_gpu.xml" "$@" tests >"$out/pytest_gpu.log" 2>&1 &
+  : >"$out/pytest_gpu.log"
+  timeout "$limit" $py bench/gpu_pytest.py --per-test "$per_test" --log "$out/pytest_gpu.log" \
+    --junitxml "$out/pytest_gpu.xml" ${stand_in[@]+"${stand_in[@]}"} -- -m gpu -v -p no:cacheprovider \
+    --continue-on-collection-errors -rfEs ${par[@]+"${par[@]}"} "$@" tests >>"$log" 2>&1 &
   tests_pid=$!
 }
 wait_tests() {
@@ -169,6 +179,9 @@ if [ $dry = 1 ]; then
   export CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1
   say "dry run: CPU stand-ins, tiny shapes, Triton interpreted, no build; nothing here is a GPU result"
 fi
+# the kernels this call's selftest verifies go into a record of its own (common/kernel_trust.py), which the
+# probe and e2e then read: `auto` there picks what a user's would after this selftest, nothing of the machine's
+export SPECDEC_KERNELS_CACHE_DIR="${SPECDEC_KERNELS_CACHE_DIR:-$(mktemp -d)}"
 
 # facts: the machine, the versions, and what changed since the newest committed GPU results
 started=$SECONDS
@@ -179,14 +192,16 @@ $py -c "import sys, torch, triton, transformers; print('python', sys.version.spl
   | tee -a "$summary"
 $py bench/gpu_changes.py 2>>"$log" | sed 's/^/  /' | tee -a "$summary"
 # changed_ops (new first), control_ops (unchanged), focus (changed kernels as op/backend); if that fails, every
-# kernel counts as changed: the selftest takes every op, pytest the whole quick tier
+# kernel counts as changed: the selftest takes every op, pytest the whole quick tier, memcheck every CUDA op
 if lists=$($py bench/gpu_changes.py --shell 2>>"$log"); then
   eval "$lists"
   selftest_ops=(--ops "${changed_ops:+$changed_ops,}engine" ${control_ops:+--control-ops "$control_ops"})
   focus_args=(--gpu-focus "$focus")  # empty: nothing changed, every kernel gets its control sample
+  memcheck_ops=$(echo "$focus" | tr , '\n' | grep '/cuda$' | cut -d/ -f1 | paste -sd, -)
+  memcheck_args=(--ops "${memcheck_ops:-none}")
 else
   say "facts: bench/gpu_changes.py failed (see log.txt): every kernel counts as changed"
-  selftest_ops=() focus_args=()
+  selftest_ops=() focus_args=() memcheck_args=()
 fi
 say "facts: done in $((SECONDS - started)) s (budget $(budget facts) s)"
 
@@ -203,9 +218,12 @@ json.dump({**specdec_kernels.build_info(), **gpu_changes.facts()}, open(sys.argv
 
 # xdist workers: cores - 4 beside the selftest's Triton compiles; cores - 2 beside the sanitizers (GPU-bound)
 [ $call = second ] && workers=$((cores > 8 ? cores - 2 : 2))
-par=()
-[ $dry = 1 ] || par=(-n "$workers" --timeout "${PYTEST_PER_TEST:-150}")
-$py -c "import xdist, pytest_timeout" 2>/dev/null || par=()
+par=() stand_in=()
+[ $dry = 1 ] || par=(-n "$workers")
+$py -c "import xdist" 2>/dev/null || par=()
+per_test=${PYTEST_PER_TEST:-150}
+# the dry run's stand-in test hangs first (bench/stand_in_hang.py): killed after a few seconds, the rest runs
+[ $dry = 1 ] && [ $call = first ] && stand_in=(--stand-in-hang) && per_test=${PYTEST_PER_TEST:-15}
 
 if [ $call = second ]; then
   start_tests --gpu-tier full
@@ -216,7 +234,7 @@ if [ $call = second ]; then
       stage "$tool" "$(budget $tool)" "" $py bench/cuda_sanitize_driver.py --device cpu --backend torch
     else
       PYTORCH_NO_CUDA_MEMORY_CACHING=1 stage "$tool" "$(budget $tool)" "" compute-sanitizer --tool $tool \
-        --error-exitcode 9 --print-limit 20 $py bench/cuda_sanitize_driver.py
+        --error-exitcode 9 --print-limit 20 $py bench/cuda_sanitize_driver.py --forms split,cluster
     fi
   done
   wait_tests
@@ -256,17 +274,24 @@ fi
 # ---- the first call
 if [ $dry = 1 ]; then
   # the same plumbing at the CPU dev mode's cost: the first two changed ops, one control op, the engine
-  selftest=($py -m specdec_kernels selftest --device cpu)
+  selftest=($py -m specdec_kernels selftest --device cpu --watchdog 240)
   control_ops=${control_ops:-kv_compact}
   selftest_ops=(--ops "$(echo "${changed_ops:+$changed_ops,}engine" | cut -d, -f1-2),engine"
                 --control-ops "$(echo "$control_ops" | cut -d, -f1)")
+  memcheck=($py bench/cuda_sanitize_driver.py --device cpu --backend torch)
 else
-  selftest=($py -m specdec_kernels selftest)
+  selftest=($py -m specdec_kernels selftest --watchdog "${SELFTEST_WATCHDOG:-60}")  # a hang costs one op
+  memcheck=(compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 $py bench/cuda_sanitize_driver.py)
 fi
 start_tests ${focus_args[@]+"${focus_args[@]}"}
 stage selftest "$(budget selftest)" selftest.jsonl "${selftest[@]}" --quick ${selftest_ops[@]+"${selftest_ops[@]}"} \
   --jsonl "$out/selftest.jsonl"
 wait_tests
+
+# memcheck of the changed CUDA kernels only, each tree form: what the GPU has never run, watched for
+# out-of-bounds and misaligned accesses (torch's cache off, so a stray write leaves every allocation)
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 stage memcheck "$(budget memcheck)" "" "${memcheck[@]}" \
+  ${memcheck_args[@]+"${memcheck_args[@]}"} --cases-per-op 2 --forms split,cluster
 
 stage probe "$(budget probe)" probe.jsonl $py bench/gpu_probe.py $([ $dry = 1 ] && echo --dry-run) \
   --budget "$(( $(budget probe) - 15 ))" --out "$out/probe.jsonl"

@@ -1,10 +1,12 @@
 """bench/gpu_first_look.sh on the CPU (--dry-run): the GPU calls must not die of a typo.
 
-The dry run takes every stage's code path with CPU stand-ins (the selftest's dev mode, pytest -m gpu
-collecting and skipping, the probe's and e2e's tiny shapes) and must leave the same <= 8 files the GPU call
-returns, each readable, and a summary with the plan (budgets that fit 540 s), a line per stage with its
-budget and rows, a digest and the next call. The digest itself is checked on made-up stage files: failures
-must be listed, and a pytest cut off before its junit file still counted from its log.
+The dry run takes every stage's code path with CPU stand-ins (the selftest's dev mode under its watchdog,
+pytest -m gpu collecting and skipping through bench/gpu_pytest.py, after a stand-in test that hangs and costs
+that one test, memcheck's driver on the torch backend, the probe's and e2e's tiny shapes) and must leave the
+same <= 8 files the GPU call returns, each readable, and a summary with the plan (budgets that fit 540 s), a
+line per stage with its budget and rows, a digest and the next call. Both CUDA tree forms are in the first
+call's tests and its memcheck. The digest itself is checked on made-up stage files: failures must be listed,
+and a pytest cut off before its junit file still counted from its log.
 """
 
 import json
@@ -73,11 +75,23 @@ def test_the_first_call_dry_run_leaves_its_eight_files(tmp_path):
     files = {p.name for p in tmp_path.iterdir()}
     assert files == FIRST_FILES and len(files) <= MAX_FILES
     budgets = plan_of(summary)
-    assert list(budgets) == ["facts", "build", "selftest", "tests", "probe", "e2e", "digest"]
+    assert list(budgets) == ["facts", "build", "selftest", "tests", "memcheck", "probe", "e2e", "digest"]
     check_stage_lines(summary, budgets, {"selftest": "selftest.jsonl", "tests": "pytest_gpu.xml",
                                          "probe": "probe.jsonl", "e2e": "e2e.jsonl"})
-    for verdict in ("selftest: ok", "tests: ok", "probe: ok", "e2e: ok", "== digest", "== exit 0"):
+    for verdict in ("selftest: ok", "tests: ok", "memcheck: ok", "probe: ok", "e2e: ok", "== digest", "== exit 0"):
         assert verdict in summary, verdict
+    # the stand-in test hung first, was killed after its 15 s, and cost that test alone: pytest ran again on the
+    # rest (bench/gpu_pytest.py); its hang was expected, so the stage is ok
+    pytest_log = (tmp_path / "pytest_gpu.log").read_text()
+    assert "== gpu_pytest run 2" in pytest_log and "stand_in_hang.py::test_a_stuck_gpu_call HUNG" in pytest_log
+    assert "the stand-in hang ended as planned" in summary
+    cases = {case.get("name"): case for case in ET.parse(tmp_path / "pytest_gpu.xml").getroot().iter("testcase")}
+    stand_in = cases["test_a_stuck_gpu_call"].find("skipped")
+    assert stand_in is not None and "ended as planned after 15 s" in stand_in.get("message")
+    # both forms of the CUDA tree sampler: in the GPU tests (collected here) and in the memcheck stage
+    for form in ("split form", "cluster form"):
+        assert any("tree_rejection_sample" in name and name.endswith(f"-cuda-{form}]") for name in cases), form
+        assert re.search(rf"tree_rejection_sample \[torch\] .*\[{form}\]: ran", (tmp_path / "log.txt").read_text())
     assert "next: bash bench/gpu_first_look.sh --second" in summary
     facts = json.loads((tmp_path / "facts.json").read_text())
     assert facts["cuda_available"] is False and facts["kernels_record"]["kernels"]

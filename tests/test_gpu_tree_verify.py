@@ -99,12 +99,81 @@ def rejection_tokens(target, draft, parents, V, gen):
 
 
 # ----------------------------------------------------------------------------
-# the catalog's cases, on both GPU backends
+# the catalog's cases, on both GPU backends; the CUDA tree sampler in each of its forms
 # ----------------------------------------------------------------------------
-@pytest.mark.parametrize("case,backend", gpu_catalog("cuda", ("tree_greedy_verify", "tree_rejection_sample")))
-def test_catalog_case(case, backend):
+FORMS = ("split", "cluster")  # SPECDEC_TREE_FORM: auto picks one per shape, so each is forced here
+
+
+def in_forms(params):
+    """Each CUDA tree_rejection_sample case once per form, every other case as it is (form None)."""
+    out = []
+    for param in params:
+        case, backend = param.values
+        forms = FORMS if case.op == "tree_rejection_sample" and backend == "cuda" else (None,)
+        out += [pytest.param(case, backend, form, id=param.id + ("" if form is None else f"-{form} form"))
+                for form in forms]
+    return out
+
+
+def force_form(monkeypatch, form):
+    """SPECDEC_TREE_FORM=form for the test; the cluster form where the device has clusters (sm_90 and later)."""
+    if form == "cluster" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the cluster form needs sm_90 (thread-block clusters)")
+    if form is not None:
+        monkeypatch.setenv("SPECDEC_TREE_FORM", form)
+
+
+@pytest.mark.parametrize("case,backend,form",
+                         in_forms(gpu_catalog("cuda", ("tree_greedy_verify", "tree_rejection_sample"))))
+def test_catalog_case(case, backend, form, monkeypatch):
     skip_unless_backend(case.op, backend, "cuda")
-    check_case(case, backend, "cuda", profile=gpu_profile(), graphs=True)
+    force_form(monkeypatch, form)
+    try:
+        check_case(case, backend, "cuda", profile=gpu_profile(), graphs=True)
+    except ValueError as error:
+        if form is None or "the cluster form" not in str(error):
+            raise
+        pytest.skip(f"the plan refuses the {form} form for this shape: {error}")
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("siblings", ["independent", "without_replacement"])
+@pytest.mark.parametrize("B,V", [(8, 32000), (49, 128256)])  # 49 rows of 8-CTA clusters: one wave, nearly full
+def test_rejection_repeated_calls_agree_and_hand_back_zeroed_words(monkeypatch, form, siblings, B, V):
+    """200 back-to-back calls on long rejection chains (many stages a row, CTAs waiting on each other at each):
+    every call equals the reference, and the split form's ticket words are handed back zeroed each time."""
+    from specdec_kernels.common import workspace
+
+    force_form(monkeypatch, form)
+    gen = torch.Generator().manual_seed(B + V)
+    parents = torch.tensor([-1] + [0] * 10 + [1] * 8 + [2] * 5).expand(B, -1).clone()
+    N = parents.shape[1]
+    target, draft = probs_pair(B, N, V, torch.Generator(device="cuda").manual_seed(B), sharp=1.0)
+    target, draft = target.to(torch.bfloat16), draft.to(torch.bfloat16)
+    tokens = torch.randint(0, V, (B, N), generator=gen).cuda()  # random ids: rejection after rejection
+    parents = parents.cuda()
+    seeds = [randomness("seeds", B, N, gen) for _ in range(4)]
+    wants = [ops.tree_rejection_sample(target, draft, tokens, parents, backend="torch", siblings=siblings, **rnd)
+             for rnd in seeds]
+    got = [ops.tree_rejection_sample(target, draft, tokens, parents, backend="cuda", siblings=siblings,
+                                     **seeds[i % 4]) for i in range(200)]
+    torch.cuda.synchronize()
+    for i, out in enumerate(got):
+        assert_same(out, wants[i % 4])
+    for buf in workspace._zeroed_workspaces.values():
+        assert int(buf.count_nonzero()) == 0
+
+
+def test_the_cluster_facts_are_the_drivers_view_of_this_build():
+    """The plan's inputs on this device: the code arch the driver runs (the runtime's answer) is the one
+    runnable_code_arch derives from the build's archs, and an sm_90 device schedules clusters of 8."""
+    from gpu_support import _C
+
+    major, minor = torch.cuda.get_device_capability()
+    facts = _C.tree_cluster_facts()
+    assert facts["code_arch"] == _C.runnable_code_arch(10 * major + minor, _C.compiled_archs())
+    if facts["code_arch"] >= 90:
+        assert all(n > 0 for n in facts["active"][1:9]), facts
 
 
 # ----------------------------------------------------------------------------
