@@ -13,9 +13,11 @@ def build_info() -> dict:
 
     Keys: version, cuda_module {built, loaded, error, archs, cuda_runtime_version},
     torch, triton, transformers, cuda_available, device, auto_backends {op: backend on this machine},
+    auto_reasons {op: why auto picks it: the record that verified the kernel, or what was passed over},
     implemented_backends {op: (backends...)}.
     """
     from . import ops
+    from .common import kernel_trust
 
     lib = _cuda_module.load()
     try:
@@ -40,6 +42,7 @@ def build_info() -> dict:
         "cuda_available": torch.cuda.is_available(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "auto_backends": {op: ops.resolve(op, "auto", device) for op in ops.registered_ops()},
+        "auto_reasons": {op: kernel_trust.explain(op, device) for op in ops.registered_ops()},
         "implemented_backends": {op: ops.implemented_backends(op) for op in ops.registered_ops()},
     }
 

@@ -29,13 +29,16 @@ def summary(info: dict) -> str:
     else:
         picks = "; ".join(f"{backend}: {', '.join(ops)}" for backend, ops in by_backend.items())
     device = info["device"] if info["cuda_available"] else "cpu (no GPU found)"
-    return "\n".join([
-        f"specdec-kernels {info['version']} (torch {info['torch']}, triton {info['triton'] or 'not installed'}, "
-        f"transformers {info['transformers'] or 'not installed'})",
-        f"CUDA module: {module}",
-        f"device: {device}",
-        f"backend=\"auto\" picks: {picks}",
-        "(specdec-kernels info --json: the full record, incl. every op's implemented backends)"])
+    lines = [f"specdec-kernels {info['version']} (torch {info['torch']}, triton {info['triton'] or 'not installed'}, "
+             f"transformers {info['transformers'] or 'not installed'})",
+             f"CUDA module: {module}",
+             f"device: {device}",
+             f"backend=\"auto\" picks: {picks}"]
+    if info["cuda_available"]:  # why, per op: only kernels a GPU of this architecture verified (batch <= 8)
+        width = max(len(op) for op in info["auto_reasons"])
+        lines += [f"  {op:<{width}}  {why}" for op, why in info["auto_reasons"].items()]
+    lines.append("(specdec-kernels info --json: the full record, incl. every op's implemented backends)")
+    return "\n".join(lines)
 
 
 def run(args) -> int:

@@ -185,7 +185,7 @@ def test_compile_fullgraph_batch_size_change(name):
 def test_build_info():
     info = specdec_kernels.build_info()
     assert set(info) == {"version", "cuda_module", "torch", "triton", "cuda_available", "device", "auto_backends",
-                         "implemented_backends"}
+                         "auto_reasons", "implemented_backends"}
     assert set(info["cuda_module"]) == {"built", "loaded", "error", "archs", "cuda_runtime_version"}
     assert info["version"] == specdec_kernels.__version__ and info["torch"] == torch.__version__
     assert info["cuda_available"] == torch.cuda.is_available()
@@ -205,5 +205,6 @@ def test_build_info_auto_backends_on_cpu():
     info = specdec_kernels.build_info()
     assert info["device"] == "cpu"
     assert info["auto_backends"] == {name: "torch" for name in REGISTERED}
+    assert info["auto_reasons"] == {name: "torch: no GPU" for name in REGISTERED}
     for name in REGISTERED:
         assert ops.resolve(name, "auto", torch.device("cpu")) == "torch"

@@ -168,3 +168,22 @@ def test_the_shipped_record_is_generated_and_verifies_none_of_todays_kernels(mon
     done = subprocess.run([sys.executable, str(ROOT / "bench/verified_kernels.py"), "--check"], capture_output=True,
                           text=True, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr
+
+
+def test_info_says_per_op_what_auto_picks_and_why(gate):
+    from specdec_kernels import info_command
+
+    gate.ship({**entry("greedy_verify", "triton", "sm_90"), "date": "2026-12-01"})
+    verified = kernel_trust.explain("greedy_verify", GPU)
+    assert verified.startswith("triton: verified on sm_90 (shipped record: a simulated GPU, 2026-12-01, made up")
+    held = kernel_trust.explain("tree_rejection_sample", GPU)
+    assert held.startswith("torch: cuda not verified on this GPU's architecture in its current form")
+    assert "triton not verified" in held and held.endswith("`specdec-kernels selftest` verifies them here")
+    assert kernel_trust.explain("kv_rollback", GPU) == "torch: the GPU measurements rank no kernel above torch here"
+    assert kernel_trust.explain("greedy_verify", torch.device("cpu")) == "torch: no GPU"
+    info = {"version": "0", "torch": "t", "triton": "t", "device": "a simulated GPU", "cuda_available": True,
+            "cuda_module": {"loaded": False, "built": False, "error": None},
+            "auto_backends": {"greedy_verify": "triton", "tree_rejection_sample": "torch"},
+            "auto_reasons": {"greedy_verify": verified, "tree_rejection_sample": held}}
+    text = info_command.summary(info)
+    assert f"  greedy_verify          {verified}" in text and f"  tree_rejection_sample  {held}" in text

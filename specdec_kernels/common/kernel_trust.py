@@ -123,6 +123,27 @@ def verified(op: str, backend: str, device: torch.device) -> bool:
     return verdict
 
 
+def explain(op: str, device: torch.device) -> str:
+    """Why `auto` picks what it picks for `op` on `device` (the small-batch regime): the record that verifies
+    the kernel, or what was passed over and why."""
+    from . import registry
+
+    if device.type != "cuda":
+        return "torch: no GPU"
+    picks = registry.auto_choice(op, device)
+    backend = picks["backend"]
+    skipped = "; ".join(f"{name} {why}" for name, why in picks["passed_over"])
+    if backend == "torch":
+        why = f"torch: {skipped}" if skipped else "torch: the GPU measurements rank no kernel above torch here"
+    elif opted_in():
+        why = f"{backend}: {OPT_IN}=1 (the records are not consulted)"
+    else:
+        entry = evidence(op, backend, device) or {}
+        why = (f"{backend}: verified on {entry.get('arch')} ({entry.get('record')} record: {entry.get('device')}, "
+               f"{entry.get('date')}, {entry.get('checks')})") + (f"; {skipped}" if skipped else "")
+    return why + (f"; `{VERIFY_COMMAND}` verifies them here" if picks["unverified"] else "")
+
+
 def fallback_line(device: torch.device) -> str:
     """The one line: which ops auto runs on torch (or a slower verified backend) here, and how to verify."""
     from . import registry
