@@ -22,6 +22,9 @@ every "% of bound" is bench/_bound.py's: the bytes the op must move / time / the
              (bench/_probe_targets.py: B=1 at V=128256, early_exit_topk at B=64 and as `auto` picks it,
              tree_attention's other target shapes, the host path per eager call); last, so a tight budget
              lists them as skipped; `--sections targets` runs them alone
+  questions  what the review of the kernels left to a GPU (bench/_probe_questions.py): whether a tree
+             sampling pass slows with the rank table of the rejections before it (K 4 and 32 rejected
+             siblings), whether the tensor-core early_exit_topk restages its hidden state past B = 32
 The end-to-end figures are bench/e2e.py's (the first look's e2e stage), not the probe's.
 
     python bench/gpu_probe.py --out probe.jsonl                  # on a GPU (~90 s on an H100, an estimate)
@@ -47,6 +50,7 @@ import bench_early_exit_topk as bx  # noqa: E402  (bench/ is on sys.path: the sc
 import bench_kv_compact as bk  # noqa: E402
 import bench_tree_attention as ba  # noqa: E402
 import bench_verify as bv  # noqa: E402
+from _probe_questions import question_rows  # noqa: E402
 from _probe_targets import target_rows  # noqa: E402
 from _timing import FLUSH_BYTES, copy_bandwidth  # noqa: E402
 
@@ -149,7 +153,7 @@ def exit_rows(probe: Probe, device, dtype, bandwidth) -> None:
                       lambda: bx.measure(case, backend, repeats, bandwidth))
 
 
-SECTIONS = ("verify", "attention", "kv", "exit", "targets")
+SECTIONS = ("verify", "attention", "kv", "exit", "targets", "questions")
 
 
 def main(argv=None) -> int:
@@ -173,7 +177,8 @@ def main(argv=None) -> int:
                           ("attention", lambda: attention_rows(probe, device, dtype, bandwidth)),
                           ("kv", lambda: kv_rows(probe, device, dtype, bandwidth)),
                           ("exit", lambda: exit_rows(probe, device, dtype, bandwidth)),
-                          ("targets", lambda: target_rows(probe, device, dtype, bandwidth))):
+                          ("targets", lambda: target_rows(probe, device, dtype, bandwidth)),
+                          ("questions", lambda: question_rows(probe, device, dtype, bandwidth))):
         if section in wanted:
             try:
                 rows()

@@ -107,7 +107,8 @@ def test_the_first_call_dry_run_leaves_its_eight_files(tmp_path):
         assert ops_run[0] == changes["changed"][0].split("/")[0]
     assert sum(row["status"] == "pass" for row in checks if row.get("op") == "engine") == 6  # every strategy vs HF
     probe = records(tmp_path / "probe.jsonl")
-    assert {row["section"] for row in probe} == {"facts", "verify", "attention", "kv", "exit", "targets", "done"}
+    assert {row["section"] for row in probe} == {"facts", "verify", "attention", "kv", "exit", "targets", "questions",
+                                                 "done"}
     assert not [row for row in probe if "error" in row or row.get("exact") is False or row.get("ok") is False]
     assert [row for row in probe if row["section"] == "verify"][0]["op"] == "block_verify"  # never timed on a GPU
     attention = {(row["B"], row["P"], row["impl"]) for row in probe if row["section"] == "attention"}
