@@ -116,3 +116,13 @@ def test_record_writes_the_working_trees_fingerprint(tmp_path):
     assert written["date"] == "2026-12-01" and written["kernels"] == gpu_changes.record()["kernels"]
     again = run_command("--shell", "--since", str(tmp_path / "kernels.json"))
     assert "focus=''" in again.stdout  # nothing changed since a record of this very tree
+
+
+def test_the_docs_lists_are_the_generated_ones():
+    """docs/gpu.md's lists of changed and verified kernels are `gpu_changes.py --markdown`'s output, so they
+    cannot go stale (rerun it and paste after a kernel change or a committed GPU run)."""
+    done = run_command("--markdown")
+    assert done.returncode == 0, done.stderr
+    in_docs = gpu_changes.docs_block(gpu_changes.DOCS.read_text())
+    assert in_docs == done.stdout.strip(), "docs/gpu.md is stale: paste `python bench/gpu_changes.py --markdown`"
+    assert "unchanged: none" in in_docs  # every kernel changed since the 2026-11-27 run
