@@ -57,12 +57,15 @@ $py -c "import sys, torch, triton, transformers; print('python', sys.version.spl
 
 run_pytest() {
   # Parallel workers when pytest-xdist is there (Triton's JIT is CPU-bound); -v so a cut-off log still names each test;
-  # a module that fails to import on this machine costs its own tests, not the run.
+  # a module that fails to import on this machine costs its own tests, not the run; through bench/gpu_pytest.py, a
+  # test stuck past PYTEST_PER_TEST seconds (a kernel that never ends) costs that test, not the run.
   local par=()
-  $py -c "import xdist, pytest_timeout" 2>/dev/null && par=(-n "${PYTEST_WORKERS:-8}" --timeout "${PYTEST_PER_TEST:-240}")
+  $py -c "import xdist" 2>/dev/null && par=(-n "${PYTEST_WORKERS:-8}")
+  : >"$out/pytest_gpu.log"
   # shellcheck disable=SC2086  # PYTEST_ARGS: words, e.g. --gpu-tier full
-  timeout "$(cap "${PYTEST_TIMEOUT:-540}")" $py -m pytest -m gpu -v -p no:cacheprovider --continue-on-collection-errors \
-    -rfEs ${par[@]+"${par[@]}"} ${PYTEST_ARGS:-} --junitxml "$out/pytest_gpu.xml" >"$out/pytest_gpu.log" 2>&1
+  timeout "$(cap "${PYTEST_TIMEOUT:-540}")" $py bench/gpu_pytest.py --per-test "${PYTEST_PER_TEST:-240}" \
+    --log "$out/pytest_gpu.log" --junitxml "$out/pytest_gpu.xml" -- -m gpu -v -p no:cacheprovider \
+    --continue-on-collection-errors -rfEs ${par[@]+"${par[@]}"} ${PYTEST_ARGS:-} tests >/dev/null 2>&1
 }
 test_pid=""
 if want test && [ "${TEST_ALONGSIDE:-0}" = 1 ]; then  # pytest -m gpu in the background, beside the selftest
