@@ -20,9 +20,6 @@ graph replay; each target's figure lives here and in its rows, never in an asser
                                                                       # estimate: ~28 rows at ~1 s, compiles)
 """
 
-import contextlib
-import os
-
 import torch
 
 import bench_early_exit_topk as bx  # bench/ is on sys.path: the probe's folder
@@ -30,6 +27,7 @@ import bench_tree_attention as ba
 import bench_verify as bv
 import host_overhead
 from _timing import FLUSH_BYTES
+from specdec_kernels.cuda.tree_verify import forced_tree_form
 
 HOST_TARGET = "host path <= 30 us per eager call"
 VERIFY = {  # (op, B, g, V, target)
@@ -100,16 +98,3 @@ def tree_form_rows(probe, device: torch.device, dtype: torch.dtype, bandwidth, f
                     probe.run("targets", {"target": f"{op} {target}", "op": op, "B": batch, "g": g, "V": vocab,
                                           "backend": "cuda", "form": form},
                               lambda: bv.measure(case, "cuda", repeats, bandwidth, flush_bytes=flush))
-
-
-@contextlib.contextmanager
-def forced_tree_form(form: str):
-    before = os.environ.get("SPECDEC_TREE_FORM")
-    os.environ["SPECDEC_TREE_FORM"] = form
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("SPECDEC_TREE_FORM", None)
-        else:
-            os.environ["SPECDEC_TREE_FORM"] = before

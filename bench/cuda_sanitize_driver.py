@@ -15,12 +15,12 @@ Prints one line per call; exits 1 if a call raised.
 """
 
 import argparse
-import os
 import sys
 
 import torch
 
 from specdec_kernels import ops
+from specdec_kernels.cuda.tree_verify import forced_tree_form
 from specdec_kernels.selftest import CASE_FAMILIES
 from specdec_kernels.selftest.tiers import spread
 
@@ -29,10 +29,9 @@ TREE_FORM_REFUSAL = "the cluster form"  # the CUDA tree plan's reason where a fo
 
 def call(case, backend: str, device: torch.device, form: str | None) -> tuple[str, bool]:
     """(what happened, whether it counts as a failure) for one call of the case, in `form` (SPECDEC_TREE_FORM)."""
-    if form is not None:
-        os.environ["SPECDEC_TREE_FORM"] = form
     try:
-        case.run(case.build(0), backend)
+        with forced_tree_form(form):
+            case.run(case.build(0), backend)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return "ran", False
@@ -41,8 +40,6 @@ def call(case, backend: str, device: torch.device, form: str | None) -> tuple[st
         if form is not None and isinstance(error, ValueError) and TREE_FORM_REFUSAL in text:
             return f"refused by the plan: {text}", False
         return f"raised {type(error).__name__}: {text}", True
-    finally:
-        os.environ.pop("SPECDEC_TREE_FORM", None)
 
 
 def main(argv=None) -> int:

@@ -675,6 +675,28 @@ void launch_greedy_typed(const void* logits, int64_t stride_b, int64_t stride_n,
 // ---------------------------------------------------------------------------
 using ClusterKernel = void (*)(SplitParams);
 
+// A launch configuration of thread-block clusters of `cluster` CTAs along x (the attribute lives with it:
+// the configuration points at it, so the two are neither copied nor moved apart).
+struct ClusterLaunch {
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute attribute[1];
+
+  ClusterLaunch(dim3 grid, int block, size_t dynamic_smem, cudaStream_t stream, int cluster) {
+    config.gridDim = grid;
+    config.blockDim = dim3(static_cast<unsigned>(block), 1, 1);
+    config.dynamicSmemBytes = dynamic_smem;
+    config.stream = stream;
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 template <typename T>
 void add_instances(std::vector<ClusterKernel>& kernels) {
   kernels.push_back(tree_rejection_cluster_kernel<T, false>);
@@ -698,19 +720,10 @@ plans::ClusterFacts query_cluster_facts(const plans::DeviceLimits& lim) {
     int fewest = 1 << 30;
     for (ClusterKernel kernel : kernels) {
       SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(static_cast<unsigned>(c), 1, 1);
-      config.blockDim = dim3(plans::kTreeRejectionThreads, 1, 1);
-      config.dynamicSmemBytes = 16 * plans::kTreeRejectionSharedNodes;
-      cudaLaunchAttribute attribute[1];
-      attribute[0].id = cudaLaunchAttributeClusterDimension;
-      attribute[0].val.clusterDim.x = static_cast<unsigned>(c);
-      attribute[0].val.clusterDim.y = 1;
-      attribute[0].val.clusterDim.z = 1;
-      config.attrs = attribute;
-      config.numAttrs = 1;
+      const ClusterLaunch launch(dim3(static_cast<unsigned>(c), 1, 1), plans::kTreeRejectionThreads,
+                                 16 * plans::kTreeRejectionSharedNodes, nullptr, c);
       int active = 0;
-      if (cudaOccupancyMaxActiveClusters(&active, kernel, &config) != cudaSuccess) {
+      if (cudaOccupancyMaxActiveClusters(&active, kernel, &launch.config) != cudaSuccess) {
         cudaGetLastError();  // a size this device refuses: not an error of the caller's
         active = 0;
       }
@@ -750,19 +763,8 @@ void launch_rejection_typed(const SplitParams& params, const plans::Plan& plan, 
     if (!plan.at("portable")) {  // 9..16 CTAs: a non-portable cluster size (sm_90 allows 16)
       SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     }
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(static_cast<unsigned>(l.block), 1, 1);
-    config.dynamicSmemBytes = static_cast<size_t>(l.dynamic_smem);
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    SPECDEC_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+    const ClusterLaunch launch(grid, l.block, static_cast<size_t>(l.dynamic_smem), stream, cluster);
+    SPECDEC_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, params));
     return;
   }
   auto kernel = without_replacement ? tree_rejection_split_kernel<T, true> : tree_rejection_split_kernel<T, false>;

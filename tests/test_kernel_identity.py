@@ -76,21 +76,24 @@ def test_comments_docstrings_and_blank_lines_leave_the_fingerprint_alone():
         assert fingerprint(edited(cuda, path, *change), CUDA_MODULE, "cuda") == cuda_base, (path, change)
 
 
-def test_renaming_a_file_leaves_the_fingerprint_alone():
-    files = tree_of(TRITON_MODULE, "triton")
-    base = fingerprint(files, TRITON_MODULE, "triton")
-    helper = renamed(files, "specdec_kernels/triton/_tree_walk.py", "specdec_kernels/triton/_walk_helpers.py",
-                     {"specdec_kernels/triton/tree_verify_sampling.py": ("from ._tree_walk import", "from ._walk_helpers import"),
-                      "specdec_kernels/triton/tree_verify.py": ("from ._tree_walk import", "from ._walk_helpers import")})
-    assert fingerprint(helper, TRITON_MODULE, "triton") == base
-    module = renamed(files, TRITON_MODULE, "specdec_kernels/triton/trees.py", {})
-    assert fingerprint(module, "specdec_kernels/triton/trees.py", "triton") == base  # the registering module itself
-    cuda = tree_of(CUDA_MODULE, "cuda")
-    cuda_base = fingerprint(cuda, CUDA_MODULE, "cuda")
-    header = renamed(cuda, "csrc/tree_walk.cuh", "csrc/walk.cuh",
-                     {"csrc/tree_verify.cu": ('#include "tree_walk.cuh"', '#include "walk.cuh"'),
-                      "csrc/bind_tree_verify.cpp": ('#include "tree_walk.cuh"', '#include "walk.cuh"')})
-    assert fingerprint(header, CUDA_MODULE, "cuda") == cuda_base
+# (the kernel's module, backend, a file of it, its new name, {importer: (its line before, after)})
+RENAMES = (
+    (TRITON_MODULE, "triton", "specdec_kernels/triton/_tree_walk.py", "specdec_kernels/triton/_walk_helpers.py",
+     {"specdec_kernels/triton/tree_verify_sampling.py": ("from ._tree_walk import", "from ._walk_helpers import"),
+      "specdec_kernels/triton/tree_verify.py": ("from ._tree_walk import", "from ._walk_helpers import")}),
+    (CUDA_MODULE, "cuda", "csrc/tree_walk.cuh", "csrc/walk.cuh",
+     {"csrc/tree_verify.cu": ('#include "tree_walk.cuh"', '#include "walk.cuh"'),
+      "csrc/bind_tree_verify.cpp": ('#include "tree_walk.cuh"', '#include "walk.cuh"')}),
+)
+
+
+@pytest.mark.parametrize("module, backend, old, new, importers", RENAMES, ids=("triton helper", "cuda header"))
+def test_renaming_a_file_leaves_the_fingerprint_alone(module, backend, old, new, importers):
+    files = tree_of(module, backend)
+    assert fingerprint(renamed(files, old, new, importers), module, backend) == fingerprint(files, module, backend)
+    if backend == "triton":  # the registering module itself (a CUDA one names its .cu: a rename moves both)
+        moved = module.replace("tree_verify.py", "trees.py")
+        assert fingerprint(renamed(files, module, moved, {}), moved, backend) == fingerprint(files, module, backend)
 
 
 def test_a_code_change_moves_the_fingerprint():

@@ -10,6 +10,7 @@ split form elsewhere. SPECDEC_TREE_FORM=split|cluster (read at every call, so a 
 can time and check both on one device) forces one; forcing "cluster" where it cannot run raises
 ValueError from the plan."""
 
+import contextlib
 import os
 
 import torch
@@ -65,6 +66,24 @@ def tree_form() -> int:
     if name not in FORMS:
         raise ValueError(f"SPECDEC_TREE_FORM must be one of split, cluster, auto (got {name!r})")
     return FORMS[name]
+
+
+@contextlib.contextmanager
+def forced_tree_form(form: str | None):
+    """SPECDEC_TREE_FORM=form for the calls inside (the launcher reads it at every call), restored after;
+    None leaves it as it is. For the GPU checks and benchmarks that run each form."""
+    if form is None:
+        yield
+        return
+    before = os.environ.get("SPECDEC_TREE_FORM")
+    os.environ["SPECDEC_TREE_FORM"] = form
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SPECDEC_TREE_FORM", None)
+        else:
+            os.environ["SPECDEC_TREE_FORM"] = before
 
 
 def tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None,

@@ -1,13 +1,13 @@
 """Running the checks: every backend on each case against the reference, its CUDA-graph replay,
 the engine check (engine.py), and the stop after a CUDA error that poisons the context."""
 
-import contextlib
 import os
 import time
 from typing import Callable
 
 import torch
 
+from ..cuda.tree_verify import forced_tree_form
 from .cases_attention import attention_cases
 from .cases_block_verification import block_verification_cases
 from .cases_early_exit import early_exit_cases
@@ -37,23 +37,6 @@ def _forms(case: Case, backend: str, device) -> tuple:
             and torch.cuda.get_device_capability(device) >= (9, 0)):
         return ("split", "cluster")
     return (None,)
-
-
-@contextlib.contextmanager
-def _tree_form(form: str | None):
-    """SPECDEC_TREE_FORM=form for the calls inside (the CUDA launcher reads it at every call)."""
-    if form is None:
-        yield
-        return
-    before = os.environ.get("SPECDEC_TREE_FORM")
-    os.environ["SPECDEC_TREE_FORM"] = form
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("SPECDEC_TREE_FORM", None)
-        else:
-            os.environ["SPECDEC_TREE_FORM"] = before
 
 
 def _starting(plan: Plan, op: str, backend: str, name: str) -> None:
@@ -118,7 +101,7 @@ def run_case(plan: Plan, case: Case, backends: tuple) -> list[Result]:
         return results
     for backend in backends:
         for form in _forms(case, backend, device):
-            with _tree_form(form):
+            with forced_tree_form(form):
                 _check(plan, case, backend, inputs, want, "" if form is None else f" [{form} form]", result, results)
     return results
 
