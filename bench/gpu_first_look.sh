@@ -113,10 +113,9 @@ rows_in() {  # "N rows in FILE" for the files a stage writes
   done
   echo "$text"
 }
-verdict_of() {  # rc, limit -> ok | exit N | TIMED OUT after N s
+verdict_of() {  # rc, limit -> ok | exit N | TIMED OUT after N s (called in $(...): the caller sets status)
   local rc=$1
   [ "$rc" -eq 0 ] && { echo ok; return; }
-  status=1
   [ "$rc" -eq 124 ] && { echo "TIMED OUT after $2 s"; return; }
   echo "exit $rc"
 }
@@ -127,6 +126,7 @@ stage() {  # name, timeout, rows files ("a b"), command...: runs it under timeou
   echo "== $name (timeout ${limit} s): $*" >>"$log"
   timeout "$limit" "$@" >>"${stdout_to:-$log}" 2>>"$log"
   rc=$?
+  [ "$rc" -eq 0 ] || status=1  # here, not in verdict_of: a subshell's assignment is lost
   # shellcheck disable=SC2086
   say "$name: $(verdict_of $rc "$limit") in $((SECONDS - started)) s (budget $(budget "$name") s)\
 ${files:+: $(rows_in $files)}"
@@ -160,6 +160,7 @@ started in the background (timeout $limit s, $per_test s a test)"
 wait_tests() {
   wait "$tests_pid"
   local rc=$?
+  [ "$rc" -eq 0 ] || status=1
   say "tests: $(verdict_of $rc "$(budget tests)") in $((SECONDS - tests_started)) s (budget $(budget tests) s): \
 $(tests_line); $(tail -n 1 "$out/pytest_gpu.log")"
 }

@@ -200,3 +200,24 @@ def test_the_digest_lists_failures_and_counts_a_cut_off_pytest(tmp_path, capsys)
 def test_the_gpu_scripts_parse(script):
     done = subprocess.run(["bash", "-n", str(ROOT / "bench" / script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_failed_or_timed_out_stage_sets_the_exit_status(tmp_path):
+    """stage() and wait_tests() report through verdict_of, which runs in $(...): the status must be set by the
+    callers, or a timed-out stage still ends the call with exit 0 (the bug this checks)."""
+    functions = subprocess.run(["sed", "-n", "/^verdict_of()/,/^}/p;/^stage()/,/^}/p;/^wait_tests()/,/^}/p",
+                                str(ROOT / "bench" / "gpu_first_look.sh")], capture_output=True, text=True).stdout
+    script = functions + """
+say() { echo "$*"; }; cap() { echo "$1"; }; budget() { echo 9; }; rows_in() { :; }; tests_line() { :; }
+log=/dev/null; out=%s; : >"$out/pytest_gpu.log"
+for command in true false "sleep 5"; do
+  status=0
+  stage demo 1 "" $command
+  echo "status $status"
+done
+status=0; (exit 3) & tests_pid=$!; tests_started=$SECONDS; wait_tests; echo "status $status"
+""" % tmp_path
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    statuses = [line for line in done.stdout.splitlines() if line.startswith("status ")]
+    assert statuses == ["status 0", "status 1", "status 1", "status 1"], done.stdout + done.stderr
+    assert "demo: TIMED OUT after 1 s" in done.stdout and "demo: exit 1" in done.stdout
