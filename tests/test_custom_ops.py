@@ -184,10 +184,12 @@ def test_compile_fullgraph_batch_size_change(name):
 
 def test_build_info():
     info = specdec_kernels.build_info()
-    assert set(info) == {"version", "cuda_module", "torch", "triton", "cuda_available", "device", "auto_backends",
-                         "auto_reasons", "implemented_backends"}
+    assert set(info) == {"version", "cuda_module", "torch", "triton", "transformers", "cuda_available", "device",
+                         "auto_backends", "auto_reasons", "implemented_backends"}
     assert set(info["cuda_module"]) == {"built", "loaded", "error", "archs", "cuda_runtime_version"}
     assert info["version"] == specdec_kernels.__version__ and info["torch"] == torch.__version__
+    import transformers
+    assert info["transformers"] == transformers.__version__
     assert info["cuda_available"] == torch.cuda.is_available()
     module = info["cuda_module"]
     assert isinstance(module["built"], bool) and isinstance(module["loaded"], bool) and isinstance(module["archs"], list)
