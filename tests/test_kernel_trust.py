@@ -181,7 +181,8 @@ def test_info_says_per_op_what_auto_picks_and_why(gate):
     assert "triton not verified" in held and held.endswith("`specdec-kernels selftest` verifies them here")
     assert kernel_trust.explain("kv_rollback", GPU) == "torch: the GPU measurements rank no kernel above torch here"
     assert kernel_trust.explain("greedy_verify", torch.device("cpu")) == "torch: no GPU"
-    info = {"version": "0", "torch": "t", "triton": "t", "device": "a simulated GPU", "cuda_available": True,
+    info = {"version": "0", "torch": "t", "triton": "t", "transformers": "t", "device": "a simulated GPU",
+            "cuda_available": True,
             "cuda_module": {"loaded": False, "built": False, "error": None},
             "auto_backends": {"greedy_verify": "triton", "tree_rejection_sample": "torch"},
             "auto_reasons": {"greedy_verify": verified, "tree_rejection_sample": held}}
