@@ -109,8 +109,8 @@ def ours_method(kind: str, target, draft, ids, max_new_tokens: int, do_sample: b
     """A zero-argument callable running our engine: "ours_spec" (speculative; a token tree with
     tree=(tree_topk, tree_nodes)), "ours_hf_hook" (ours_spec behind HF's model.generate(custom_generate=))
     or "ours_plain" (greedy)."""
-    options = dict(max_new_tokens=max_new_tokens, eos_token_id=[], pad_token_id=0, seed=0,
-                   cuda_graphs=None if graphs else False)
+    options = dict(max_new_tokens=max_new_tokens, eos_token_id=[], pad_token_id=0,
+                   cuda_graphs=None if graphs else False, **({"seed": 0} if do_sample else {}))  # greedy draws nothing
     if kind == "ours_plain":
         return lambda: specdec_kernels.generate(target, ids, strategy="plain", **options)
     if kind == "ours_hf_hook":  # the same call through HF's generate: HF's preparation + the translation

@@ -247,7 +247,10 @@ if [ $call = grids ]; then
   # end-of-run .json/.md/.png go to a scratch folder (8 files come back). Flex is left out: it compiles for minutes.
   grids=$(mktemp -d)
   if [ $dry = 1 ]; then
-    verify_args=(--smoke) attn_args=(--smoke --impls triton sdpa) smoke=(--smoke)
+    # a slice of the smoke grid: the dry run checks the plumbing (tests/test_bench_and_examples.py runs the whole
+    # smoke grid), and the interpreter on 2 cores needs more than the GPU's 100 s for all of it
+    verify_args=(--smoke --batch 1 --ops block_verify rejection_sample tree_rejection_sample)
+    attn_args=(--smoke --impls triton sdpa) smoke=(--smoke)
     e2e_args=(--device cpu --smoke --no-default --methods ours_plain ours_plain_draft hf_dynamic ours_spec)
   else
     # the ops never timed on a GPU first: a grid cut off by its stage timeout loses the ones measured last

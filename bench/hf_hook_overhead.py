@@ -56,7 +56,7 @@ def main(argv=None):
     for batch in (1, 4):
         inputs = tokenizer(PROMPTS[:batch], return_tensors="pt", padding=True)
         for new in (1, 48):
-            common = dict(num_draft_tokens=4, max_new_tokens=new, pad_token_id=0, seed=0)
+            common = dict(num_draft_tokens=4, max_new_tokens=new, pad_token_id=0)  # greedy: no seed to pass
             direct = lambda: specdec_kernels.generate(target, inputs.input_ids, attention_mask=inputs.attention_mask,  # noqa: E731
                                                       strategy="speculative", draft_model=draft, eos_token_id=[], **common)
             hook = lambda: target.generate(**inputs, custom_generate=custom_generate, assistant_model=draft,  # noqa: E731

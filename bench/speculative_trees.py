@@ -94,7 +94,8 @@ def call(pair, ids, depth: int, k: int, n: int, rule: str, args, temperature: fl
     options = dict(verification=rule) if chain else dict(tree_siblings=rule)
     return specdec_kernels.generate(pair.target, ids, strategy="speculative", draft_model=pair.draft,
                                     num_draft_tokens=depth, tree_topk=k, tree_nodes=n, **options,
-                                    max_new_tokens=args.max_new_tokens, eos_token_id=[], pad_token_id=0, seed=seed,
+                                    max_new_tokens=args.max_new_tokens, eos_token_id=[], pad_token_id=0,
+                                    **({} if temperature is None else dict(seed=seed)),  # greedy draws nothing
                                     do_sample=temperature is not None, temperature=temperature or 1.0,
                                     cuda_graphs=False)
 

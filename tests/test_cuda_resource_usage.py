@@ -19,6 +19,15 @@ pytestmark = pytest.mark.skipif(_C is None, reason="specdec_kernels._C is not bu
 
 ARCHS = {"sm_80", "sm_90"}
 SMALL_STACK = 32  # bytes: a few spilled words at a register cap
+# The tree sampler's serial walk reads the row's tree from a shared-memory copy when it fits (N <= 256): a
+# second view of the tree in a kernel at its 80-register cap (3 CTAs an SM) spills up to 40 bytes where it
+# spilled <= 24 without the copy (measured on this build, 2026-12-06). Whether the copy's saved L2 trips in
+# the latency-bound walk pay for those spills is a GPU question (issue 47's note).
+TREE_SAMPLER_STACK = 40
+
+
+def stack_limit(name: str) -> int:
+    return TREE_SAMPLER_STACK if "tree_rejection_" in name else SMALL_STACK
 
 
 def cuobjdump() -> str:
@@ -60,18 +69,18 @@ def test_every_kernel_family_is_built_for_both_archs(kernels):
 
 def test_no_local_arrays_and_at_most_a_few_spilled_words(kernels):
     for row in kernels:
-        assert row["local"] == 0 and row["stack"] <= SMALL_STACK, row
+        assert row["local"] == 0 and row["stack"] <= stack_limit(row["name"]), row
 
 
 def test_tree_rejection_cluster_kernel_is_built_for_sm90(kernels):
     """The thread-block-cluster form runs on sm_90 only: there it fits the split kernel's 3 CTAs per SM
-    (<= 80 registers at 256 threads: 61440 of 65536) with at most a few spilled words; below sm_90 it is an
-    empty stub (the plan never launches it there)."""
+    (<= 80 registers at 256 threads: 61440 of 65536) with at most a few spilled words; below sm_90 it is a
+    stub that traps (the plan never launches it there)."""
     rows = [row for row in kernels if "tree_rejection_cluster_kernel" in row["name"]]
     assert {row["arch"] for row in rows} >= ARCHS and len(rows) == 6 * len({row["arch"] for row in rows})
     for row in rows:
         if row["arch"] == "sm_90":
-            assert row["reg"] <= 80 and row["stack"] <= SMALL_STACK, row
+            assert row["reg"] <= 80 and row["stack"] <= stack_limit(row["name"]), row
         else:
             assert row["reg"] <= 16 and row["stack"] == 0, row
 
