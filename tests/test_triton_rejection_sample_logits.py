@@ -204,6 +204,24 @@ def test_seeded_deterministic_and_batch_invariant():
         assert not bool(near.any())
 
 
+# ------------------------------------------------------------------ interpreter versions
+
+def test_an_interpreter_whose_max_propagates_nan(monkeypatch):
+    """triton < 3.7's interpreter evaluates the NaN-ignoring tl.maximum with np.maximum, which
+    propagates NaN; the division's remainder of a masked (-inf) lane is NaN, so every statistic
+    was NaN and every row emitted token 0 there (CI at the floor, 2026-12-06). Emulate that
+    interpreter under any triton: the answers must not change."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    monkeypatch.setattr(builder, "create_maxnumf", lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.maximum))
+    gen = torch.Generator().manual_seed(3)
+    target, draft, drafts = random_case(3, 2, 50, torch.float32, gen)  # 50 < BLOCK_V: masked lanes
+    near, _ = check(target, draft, drafts, temperature=0.8, uniforms=torch.rand(3, 3, generator=gen))
+    assert not bool(near.any())
+
+
 # ------------------------------------------------------------------ distribution (chi-square)
 
 CHI_ROWS = 200  # every expected count >= 10; a wrong residual adds ~47 to the statistic (5 dof)

@@ -74,7 +74,10 @@ def div_mantissa(x, t, r):
     gives them (an infinite x's remainder is inf - inf = NaN, which the max makes -FLT_MAX so
     the last fma returns y)."""
     y = x * r
-    rem = tl.maximum(fma_rn(-y, t, x), -FLT_MAX)  # NaN-ignoring max, interpreter and GPU alike
+    rem = fma_rn(-y, t, x)
+    if INTERPRET:  # triton < 3.7's interpreter max propagates NaN (np.maximum); a GPU's max.f32 drops it
+        rem = tl.where(rem != rem, -FLT_MAX, rem)
+    rem = tl.maximum(rem, -FLT_MAX)  # NaN-ignoring max
     return fma_rn(rem, r, y)
 
 
@@ -92,8 +95,9 @@ def chunk_softmax_stats(base, start, vocab, temp, BLOCK_V: tl.constexpr, TILES: 
         mask = offs < vocab
         x = tl.load(base + offs, mask=mask, other=float("-inf")).to(tl.float32)
         zq = div_mantissa(x, t_, r_)  # z = zq * scale = RN(x / T), like torch
-        # the tile's max z (NaN ignored on a GPU; the interpreter's NaN max is dropped by
-        # tl.maximum, which ignores NaN there too); overflows to inf exactly where x / T does
+        # the tile's max z (NaN ignored on a GPU and by triton >= 3.7's interpreter; where it
+        # propagates, the NaN sum below marks the row all the same); overflows to inf exactly
+        # where x / T does
         new_max = tl.maximum(best, tl.max(zq, axis=0) * scale)
         # shift by the running max; an infinite max shifts by 0 (the row is then all NaN
         # in the reference and the sum is unused)
