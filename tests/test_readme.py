@@ -24,7 +24,7 @@ SKIPPED = {
         "the CPU-only install: .ci/run's README leg runs the CPU lines as written in a fresh venv",
     "specdec-kernels selftest --device cpu --quick":
         ".ci/run's README leg runs it as the first test command; tests/test_selftest.py runs the CPU selftest",
-    'pytest -m "not gpu" -q -n auto': "the test suite itself: .ci/run runs it",
+    'pytest -m "not gpu" -q -n auto': "the test suite itself: .ci/run runs it over two legs (the Triton files in the README leg)",
     "pytest -m gpu -q -n 12": "needs a CUDA GPU",
     "pytest -m gpu -q --gpu-tier full": "needs a CUDA GPU (tests/test_gpu_tiers.py collects both tiers)",
     "specdec-kernels bench verify --smoke":
