@@ -157,6 +157,10 @@ def test_the_grids_call_dry_run_leaves_its_grids(tmp_path):
     check_stage_lines(summary, budgets, {name: f"{name}.jsonl" for name in grids})
     for name in grids:
         assert f"{name}: ok" in summary and records(tmp_path / f"{name}.jsonl"), name
+    # the verification bench's Triton rows: here, through the interpreter (its smoke test runs without it)
+    verify = records(tmp_path / "verify.jsonl")
+    assert {row["backend"] for row in verify} >= {"naive", "torch", "triton"}
+    assert all(row.get("exact", True) for row in verify)
     assert "== digest" in summary and "next: none planned" in summary
 
 
