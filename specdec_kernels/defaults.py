@@ -29,11 +29,12 @@ class DefaultModels:
     path: Path
 
     def strategy_options(self) -> dict:
-        """Keyword arguments of specdec_kernels.generate for each strategy on this set."""
-        return {"speculative": {"draft_model": self.draft},
-                "specdec": {"drafter": self.specdec_drafter},
-                "bild": {"draft_model": self.draft},
-                "ppd": {"head": self.early_exit_heads}}
+        """Keyword arguments of specdec_kernels.generate for each strategy on this set: the models of this
+        set its second model takes (the strategy table's partner), {} for one that needs none."""
+        from .decoding.strategies import TABLE
+
+        return {s.name: s.partner.options_for(getattr(self, s.partner.part), self.target) if s.partner else {}
+                for s in TABLE}
 
 
 def default_models_available(path=None) -> bool:

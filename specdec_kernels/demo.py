@@ -30,18 +30,27 @@ PROMPTS = (
     "import os\n\n\ndef list_files(path):\n    ",
     "class Stack:\n    def __init__(self):\n        ",
 )
-STRATEGIES = ("plain", "speculative", "specdec", "bild", "ppd")  # the selftest's engine check runs these
-DRAFTLESS = ("lookup",)  # strategies that need no model besides the target (demo rows and CLI choices too)
-TREE = "speculative tree"  # speculative's draft proposing a token tree (tree_topk, tree_nodes) instead of a chain
-TREE_OPTIONS = dict(tree_topk=3, tree_nodes=12)
-LOOKUP_TREE = "lookup tree"  # lookup's token tree of every earlier continuation instead of one chain
-LOOKUP_TREE_OPTIONS = dict(tree_nodes=16)
-ROW_STRATEGY = {TREE: "speculative", LOOKUP_TREE: "lookup"}  # a demo row's label -> the strategy it runs
 GREEDY = "greedy"  # the baseline users know: the target's own HF generate loop
 LABELS = {GREEDY: "greedy (HF generate)", "plain": "plain (our engine, no draft)"}
 SAMPLE_CHARS = 120
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 NOISY = 0.25  # a method whose tokens/s varies by more than this share of its median between passes is flagged
+# why a strategy is skipped without the part of a models set its partner needs (--target/--draft runs)
+MISSING = {"draft": "needs a draft model (--draft PATH)",
+           "specdec_drafter": "needs a trained SpecDec drafter (--specdec-drafter PATH; see train_specdec_drafter)"}
+
+
+def rows() -> dict:
+    """The demo's rows (also the selftest's engine checks): label -> (strategy, options of the row's form),
+    every strategy of the table in its order, a token-tree form right after its chain ("NAME tree")."""
+    from .decoding.strategies import TABLE
+
+    out = {}
+    for strategy in TABLE:
+        out[strategy.name] = (strategy.name, {})
+        if strategy.tree is not None:
+            out[f"{strategy.name} tree"] = (strategy.name, strategy.tree)
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +80,7 @@ def fail(message: str) -> NoReturn:
 
 @dataclass
 class Pair:
-    """What the demo decodes with: a tokenizer, a target, and each strategy's options (None = skipped)."""
+    """What the demo decodes with: a tokenizer, a target, and each row's options (a row absent: skipped)."""
 
     tokenizer: object
     target: torch.nn.Module
@@ -80,10 +89,29 @@ class Pair:
     source: str = ""
 
     def __post_init__(self):
-        if "speculative" in self.options:  # the chain's row and the tree's row share the draft and depth
-            self.options[TREE] = dict(self.options["speculative"], **TREE_OPTIONS)
-        self.options.setdefault("lookup", {})  # drafts from the prompt and the text so far: no second model
-        self.options[LOOKUP_TREE] = dict(self.options["lookup"], **LOOKUP_TREE_OPTIONS)
+        for label, (name, form) in rows().items():  # a tree's row shares its chain's models and depth
+            if label != name and name in self.options:
+                self.options[label] = dict(self.options[name], **form)
+
+
+def lossless_options(parts: dict, target) -> tuple[dict, dict]:
+    """Each strategy's lossless options with the models of `parts` (defaults.PARTS -> model, or None where
+    the run has none), and the strategies skipped for want of one (strategy -> why)."""
+    from .decoding.strategies import TABLE
+
+    options, skipped = {}, {}
+    for strategy in TABLE:
+        chosen = dict(strategy.lossless)
+        partner = strategy.partner
+        if partner is not None:
+            model = parts.get(partner.part)
+            if model is None and partner.required:
+                skipped[strategy.name] = MISSING[partner.part]
+                continue
+            if model is not None:
+                chosen.update(partner.options_for(model, target))
+        options[strategy.name] = chosen
+    return options, skipped
 
 
 def load_pair(args, device: torch.device, dtype: torch.dtype, *, draft_required: bool = True,
@@ -91,7 +119,7 @@ def load_pair(args, device: torch.device, dtype: torch.dtype, *, draft_required:
     """The models of `args` (--models, or --target [--draft] [--specdec-drafter], else the embedded
     set) with each strategy's lossless options; without --draft (draft_required=False) the
     strategies that need one are skipped. `fail` reports a bad argument (the calling command's)."""
-    from .defaults import DEFAULT_MODELS_DIR, default_models_available, load_default_models
+    from .defaults import DEFAULT_MODELS_DIR, PARTS, default_models_available, load_default_models
 
     if args.target or args.draft:
         if args.models:
@@ -111,15 +139,7 @@ def load_pair(args, device: torch.device, dtype: torch.dtype, *, draft_required:
         models = load_default_models(root, device=device, dtype=dtype)
     except FileNotFoundError as error:  # names the missing parts
         fail(str(error))
-    pick = models.strategy_options()
-    depth = models.target.config.num_hidden_layers
-    layers = [layer for layer in models.early_exit_heads.layers if 1 <= layer < depth]
-    exit_layer = min(layers, key=lambda layer: abs(layer - depth // 2)) if layers else None
-    ppd = dict(k=3, exit_layer=exit_layer, head=models.early_exit_heads) if layers else dict(k=3, head="N")
-    options = {"plain": {}, "speculative": dict(pick["speculative"], num_draft_tokens=4),
-               "specdec": dict(pick["specdec"], top_beta=1, tau=0.0),
-               "bild": dict(pick["bild"], rollback_rule="exact"),
-               "ppd": ppd}
+    options, _ = lossless_options({part: getattr(models, part) for part in PARTS}, models.target)
     return Pair(models.tokenizer, models.target, options, source=str(root))
 
 
@@ -148,22 +168,28 @@ def _user_pair(args, device, dtype, fail=fail) -> Pair:
     except (OSError, ValueError, ImportError) as error:
         fail(f"--target {target_path}: transformers cannot load its tokenizer: {first_line(error)}")
     target = causal_lm("--target", target_path)
-    options, skipped = {"plain": {}, "ppd": dict(k=3, head="N")}, {}
+    parts = {}
     if args.draft:
-        draft = causal_lm("--draft", folder("--draft", args.draft))
-        options.update(speculative=dict(draft_model=draft, num_draft_tokens=4),
-                       bild=dict(draft_model=draft, rollback_rule="exact"))
-    else:
-        skipped.update(dict.fromkeys(("speculative", "bild"), "needs a draft model (--draft PATH)"))
+        parts["draft"] = causal_lm("--draft", folder("--draft", args.draft))
     if args.specdec_drafter:
         from .models import SpecDecDrafter
 
         drafter = SpecDecDrafter.from_pretrained(folder("--specdec-drafter", args.specdec_drafter), dtype=dtype)
-        options["specdec"] = dict(drafter=drafter.to(device).eval(), top_beta=1, tau=0.0)
-    else:
-        skipped["specdec"] = "needs a trained SpecDec drafter (--specdec-drafter PATH; see train_specdec_drafter)"
+        parts["specdec_drafter"] = drafter.to(device).eval()
+    options, skipped = lossless_options(parts, target)
     source = f"{target_path} + {args.draft}" if args.draft else str(target_path)
     return Pair(tokenizer, target, options, skipped, source=source)
+
+
+def settings_line() -> str:
+    """The lossless settings every row runs with, beside each strategy's defaults (the table's)."""
+    from .decoding.strategies import TABLE
+
+    def spelled(options: dict) -> str:
+        return ", ".join(f"{key}={value!r}" for key, value in options.items()) or "its defaults"
+
+    return "Lossless settings: " + "; ".join(
+        f"{s.name} {spelled(s.lossless)}" + (f" (tree: {spelled(s.tree)})" if s.tree else "") for s in TABLE)
 
 
 def first_line(error: BaseException) -> str:
@@ -212,15 +238,13 @@ def decoders(pair: Pair, max_new_tokens: int, pad: int) -> dict:
     def strategy(name):
         def run(batch):
             out = specdec_kernels.generate(pair.target, batch["input_ids"], attention_mask=batch["attention_mask"],
-                                           strategy=ROW_STRATEGY.get(name, name), **common,
+                                           strategy=rows()[name][0], **common,
                                            **pair.options[name])
             return out.sequences[:, batch["input_ids"].shape[1]:], out.stats
         return run
 
     table = {GREEDY: greedy}
-    trees = {"speculative": TREE, "lookup": LOOKUP_TREE}  # each tree row after its chain's
-    order = [n for name in STRATEGIES + DRAFTLESS for n in ((name, trees[name]) if name in trees else (name,))]
-    table.update({name: strategy(name) for name in order if name in pair.options})
+    table.update({label: strategy(label) for label in rows() if label in pair.options})
     return table
 
 
@@ -340,10 +364,8 @@ def run(args) -> int:
     print()
     print(format_table(rows))
     print(f"\n{LABELS[GREEDY]} is the baseline: the target's own `generate(do_sample=False)`; 'plain' is our "
-          "engine with no draft (one target forward per token, the loop the strategies speed up). Lossless "
-          "settings: speculative g=4 (tree: K=3, N=12), specdec top_beta=1, bild rollback_rule='exact', ppd k=3, "
-          "lookup 10 tokens from 3-grams (tree: N=16). Times are "
-          "synchronised; the first call (warm-up, incl. CUDA-graph capture) is not in tokens/s. tokens/s and "
+          f"engine with no draft (one target forward per token, the loop the strategies speed up). {settings_line()}. "
+          "Times are synchronised; the first call (warm-up, incl. CUDA-graph capture) is not in tokens/s. tokens/s and "
           f"speed-up are medians over {args.repeats} interleaved passes (speed-up: min-max in brackets); spread = "
           "(max - min) / median of tokens/s.")
     noisy = [LABELS.get(row["strategy"], row["strategy"]) for row in rows if row["noisy"]]

@@ -15,7 +15,8 @@ import torch
 
 from .cli_machine import add_machine_arguments, pick_device, set_threads
 from .cli_progress import Progress
-from .demo import DRAFTLESS, STRATEGIES, batches, describe, load_pair, timed
+from .decoding.strategies import accepted_options, names
+from .demo import batches, describe, load_pair, timed
 
 SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed")
 
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     models.add_argument("--target", metavar="PATH", help="a local HF causal LM")
     models.add_argument("--draft", metavar="PATH", help="a smaller local HF causal LM sharing the target's tokenizer")
     models.add_argument("--specdec-drafter", metavar="PATH", help="a SpecDecDrafter trained for --target")
-    parser.add_argument("--strategy", choices=STRATEGIES + DRAFTLESS, default="speculative")
+    parser.add_argument("--strategy", choices=names(), default="speculative")
     parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                         help="a keyword of the strategy (repeatable), VALUE a Python literal")
     parser.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeatable; default: stdin)")
@@ -50,8 +51,6 @@ def fail(message: str) -> NoReturn:
 def parse_options(items: list[str], strategy: str) -> dict:
     """["num_draft_tokens=6", "mode=official"] -> {"num_draft_tokens": 6, "mode": "official"}; a NAME
     that `strategy` does not take is refused with the ones it does."""
-    from .decoding.api import accepted_options
-
     accepted = accepted_options(strategy)
     options = {}
     for item in items:

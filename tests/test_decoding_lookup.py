@@ -12,7 +12,8 @@ import specdec_kernels
 from specdec_kernels.decoding import LookupCache, LookupDecoder, clear_graph_cache, graphs
 from specdec_kernels.decoding import lookup as lookup_module
 from specdec_kernels.decoding.engine import Engine
-from specdec_kernels.decoding.strategy import Accepted
+from specdec_kernels.decoding.step import Accepted
+from specdec_kernels.decoding.verifier import Verifier
 from specdec_kernels.decoding.lookup_match import chain, scan
 from specdec_kernels.decoding.lookup_tree import tree
 
@@ -248,16 +249,16 @@ def test_mutations_fail_the_identity_check(targets, monkeypatch, mutation):
     target = targets["llama"]
     ids, mask = repeating_batch("llama")
     if mutation == "accept every draft":
-        real = LookupDecoder.accept
+        real = Verifier.__call__
 
-        def accept_all(self, engine, proposal, logits):
-            out = real(self, engine, proposal, logits).tokens
-            count = proposal.num_draft if proposal.num_draft is not None else torch.zeros_like(engine.root)
+        def accept_all(self, proposal, logits, rows):
+            out = real(self, proposal, logits, rows).tokens
+            count = proposal.num_draft if proposal.num_draft is not None else torch.zeros_like(rows.root)
             drafts = torch.cat([proposal.tokens, out[:, :1]], dim=1)
             keep = torch.arange(proposal.tokens.shape[1] + 1) <= count.unsqueeze(1)
             return Accepted(torch.where(keep, drafts, -1), count)
 
-        monkeypatch.setattr(LookupDecoder, "accept", accept_all)
+        monkeypatch.setattr(Verifier, "__call__", accept_all)  # the verifier lookup's steps go through
         options = {}
     else:
         monkeypatch.setattr(Engine, "commit_target",

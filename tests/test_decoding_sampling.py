@@ -10,7 +10,9 @@ import torch
 import specdec_kernels
 from specdec_kernels import ops
 from specdec_kernels.decoding import ChainSpeculative, SpeculativeDecoder
-from specdec_kernels.decoding.strategy import Accepted
+from specdec_kernels.decoding import engine as engine_module
+from specdec_kernels.decoding.step import Accepted
+from specdec_kernels.decoding.verifier import Verifier
 from specdec_kernels.decoding.standardize import Sampling, draw, standardize
 
 from hf_support import one_thread
@@ -21,17 +23,17 @@ def models():
     return tiny_llama(0), tiny_llama(1)  # independent weights: many rejections, the residual matters
 
 
-class ResampleFromP(ChainSpeculative):
+class ResampleFromP(Verifier):
     """A deliberately wrong rule: after a rejection, draw from p instead of the residual."""
 
-    def accept(self, engine, proposal, logits):
-        verdict = super().accept(engine, proposal, logits)
+    def chain(self, proposal, logits, rows):
+        verdict = super().chain(proposal, logits, rows)
         out, num_accepted = verdict.tokens, verdict.num_accepted
-        p = standardize(logits, engine.sampling)
-        rows = torch.arange(p.shape[0])
-        wrong = draw(p[rows, num_accepted], engine.seeds, engine.cursor + num_accepted, salt=7)
+        p = standardize(logits, self.sampling)
+        at = torch.arange(p.shape[0])
+        wrong = draw(p[at, num_accepted], rows.seeds, rows.cursor + num_accepted, salt=7)
         rejected = num_accepted < proposal.tokens.shape[1]
-        out[rows, num_accepted] = torch.where(rejected, wrong, out[rows, num_accepted])
+        out[at, num_accepted] = torch.where(rejected, wrong, out[at, num_accepted])
         return Accepted(out, num_accepted)
 
 
@@ -53,11 +55,12 @@ def test_first_two_tokens_follow_the_target(models, setting, verification):
 
 
 @pytest.mark.parametrize("verification", ["token", "block"])
-def test_chi_square_rejects_a_wrong_residual(models, verification):
+def test_chi_square_rejects_a_wrong_residual(models, verification, monkeypatch):
     target, draft = models
     ids = torch.tensor([PROMPT]).repeat(ROWS, 1)
+    monkeypatch.setattr(engine_module, "Verifier", ResampleFromP)  # the engine's one verifier, mutated
     with one_thread():
-        out = ResampleFromP(target, draft, num_draft_tokens=2, verification=verification).generate(
+        out = ChainSpeculative(target, draft, num_draft_tokens=2, verification=verification).generate(
             ids, max_new_tokens=2, do_sample=True, seed=123, eos_token_id=[])
     pvalue = joint_pvalue(out.sequences, exact_joint(target, lambda x: hf_warp(x, 1.0, None, None)))
     assert pvalue < 1e-6
@@ -125,5 +128,5 @@ def test_verification_option_errors(models, options, needle):
 
 
 def test_lenience_defaults_to_token_wise(models):
-    assert SpeculativeDecoder(*models, lenience=0.5).verification == "token"
-    assert SpeculativeDecoder(*models).verification == "block"
+    assert SpeculativeDecoder(*models, lenience=0.5).verification.chain == "token"
+    assert SpeculativeDecoder(*models).verification.chain == "block"

@@ -127,8 +127,8 @@ def test_caches_after_tree_steps_equal_a_plain_run(pair):
                         pad_token_id=0, eos_token_id=[], backend="torch", cuda_graphs=False)
         engine.setup()
         verdicts = []
-        real_accept = strategy.accept
-        strategy.accept = lambda *args: verdicts.append(real_accept(*args)) or verdicts[-1]
+        real_verifier = engine.verifier  # the engine's one verifier: each step's verdict, kept
+        engine.verifier = lambda *args: verdicts.append(real_verifier(*args)) or verdicts[-1]
         for step in range(3):
             engine.plan_step(step == 0)
             proposal = strategy.propose(engine, step == 0)
@@ -234,8 +234,8 @@ def test_sampled_siblings_use_the_without_replacement_rule(sampling_models, monk
         strategy = SpeculativeDecoder(target, draft, num_draft_tokens=2, tree_topk=2, tree_nodes=4, tree_siblings=siblings)
         strategy.generate(torch.tensor([PROMPT]), max_new_tokens=3, do_sample=sample, seed=1, eos_token_id=[])
     assert set(rules[:1]) == {"without_replacement"} and "without_replacement" not in rules[rules.index("independent"):]
-    graph_keys = {SpeculativeDecoder(target, draft, num_draft_tokens=2, tree_topk=2, tree_siblings=s).graph_key()
-                  for s in ("top", "sampled")}
+    drafters = [SpeculativeDecoder(target, draft, num_draft_tokens=2, tree_topk=2, tree_siblings=s) for s in ("top", "sampled")]
+    graph_keys = {(d.graph_key(), d.verification) for d in drafters}  # what kept graphs are keyed by (engine.session_key)
     assert len(graph_keys) == 2
 
 

@@ -1,13 +1,16 @@
-"""Decoding strategies on HF models: one engine loop (engine.py), one file per strategy.
+"""Decoding strategies on HF models: one engine loop (engine.py) with one verifier (verifier.py), and one
+drafter per strategy, named in one table (strategies.py).
 
-`generate(target, input_ids, strategy=..., ...)` is the entry point (also
-`specdec_kernels.generate`); strategies are usable as objects too (SpeculativeDecoder, a ChainSpeculative or TreeSpeculative; BildDecoder, SpecDecDecoder, PPDDecoder,
-LookupDecoder, PlainDecoder); LookupCache keeps earlier outputs for strategy "lookup" across calls. On a GPU
-the draft and verify steps run as CUDA graphs kept between calls (graphs.py); clear_graph_cache() frees them.
+`generate(target, input_ids, strategy=..., ...)` is the entry point (also `specdec_kernels.generate`);
+drafters are usable as objects too (SpeculativeDecoder, a ChainSpeculative or TreeSpeculative; BildDecoder,
+SpecDecDecoder, PPDDecoder, LookupDecoder, PlainDecoder, or a Drafter of your own); LookupCache keeps earlier
+outputs for strategy "lookup" across calls. On a GPU the draft and verify steps run as CUDA graphs kept
+between calls (graphs.py); clear_graph_cache() frees them.
 """
 
 from .api import generate
 from .bild import BildDecoder
+from .drafter import Drafter
 from .graphs import clear_graph_cache
 from .lookup import LookupDecoder
 from .lookup_cache import LookupCache
@@ -16,7 +19,11 @@ from .plain import PlainDecoder
 from .ppd import PPDDecoder
 from .specdec import SpecDecDecoder
 from .speculative import ChainSpeculative, SpeculativeDecoder, TreeSpeculative
+from .step import Accepted, Proposal, StepPlan
+from .strategies import STRATEGIES
+from .verifier import Verification, Verifier
 
-__all__ = ["BildDecoder", "ChainSpeculative", "GenerateOutput", "LookupCache", "LookupDecoder", "PPDDecoder",
-           "PlainDecoder", "SpecDecDecoder", "SpeculativeDecoder", "Stats", "TreeSpeculative", "clear_graph_cache",
-           "generate"]
+__all__ = ["Accepted", "BildDecoder", "ChainSpeculative", "Drafter", "GenerateOutput", "LookupCache",
+           "LookupDecoder", "PPDDecoder", "PlainDecoder", "Proposal", "STRATEGIES", "SpecDecDecoder",
+           "SpeculativeDecoder", "Stats", "StepPlan", "TreeSpeculative", "Verification", "Verifier",
+           "clear_graph_cache", "generate"]

@@ -9,16 +9,13 @@ from torch import Tensor
 
 from .. import ops
 from ..common import validate as check
-from ..common import rng
-from .draft_model import TwoModelStrategy
+from .draft_model import TwoModelDrafter
 from .engine import OP, Engine, weight_addresses
-from .strategy import Accepted, Proposal
-from .standardize import draw, standardize
-
-ACCEPT_ALL = 3.0e38  # a rollback threshold no -log p exceeds: keep every draft, take the bonus top-1
+from .step import Accepted, Proposal
+from .verifier import Verification
 
 
-class BildDecoder(TwoModelStrategy):
+class BildDecoder(TwoModelDrafter):
     """`BildDecoder(large, small, fallback_threshold=0.6, rollback_threshold=5.0).generate(ids, ...)`,
     or `specdec_kernels.generate(large, ids, strategy="bild", draft_model=small, ...)`."""
 
@@ -39,6 +36,9 @@ class BildDecoder(TwoModelStrategy):
             if value not in allowed:
                 check.fail(OP, f"`{name}` must be one of {allowed} (got {value!r})")
         self.mode, self.rollback_rule, self.verify_small_eos = mode, rollback_rule, bool(verify_small_eos)
+        self.verification = Verification(rule="bild", rollback_threshold=self.rollback_threshold,
+                                         rollback_rule=rollback_rule, keep_matching_run=mode == "official",
+                                         trust_draft_eos=not self.verify_small_eos)
 
     # ---- engine interface --------------------------------------------------------------------
 
@@ -53,7 +53,7 @@ class BildDecoder(TwoModelStrategy):
 
     def graph_key(self):
         return (self.name, id(self.draft_model), weight_addresses(self.draft_model), self.fallback_threshold,
-                self.rollback_threshold, self.max_small_run, self.mode, self.rollback_rule, self.verify_small_eos)
+                self.max_small_run, self.mode)
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
         feed = self.draft.begin(engine, first)
@@ -79,37 +79,15 @@ class BildDecoder(TwoModelStrategy):
         forced = count == self.max_small_run
         return Proposal(torch.stack(tokens, dim=1), None, count, torch.stack([fell_back, forced], dim=1))
 
-    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> Accepted:
-        drafts, count = proposal.tokens, proposal.num_draft
-        if self.rollback_rule == "exact":
-            out, num_accepted = ops.greedy_verify(logits, drafts, num_draft_tokens=count, backend=engine.backend)
-        else:
-            out, num_accepted = ops.bild_verify(logits, drafts, rollback_threshold=self.rollback_threshold,
-                                                num_draft_tokens=count, backend=engine.backend)
-        rows = torch.arange(drafts.shape[0], device=drafts.device)
-        if self.mode == "official" and self.rollback_rule == "nll":
-            # the official code keeps the whole run when the replacement equals the small token
-            padded = torch.cat([drafts, drafts[:, :1]], dim=1)
-            same = (num_accepted < count) & (out[rows, num_accepted] == padded[rows, num_accepted])
-            keep_all, all_accepted = ops.bild_verify(logits, drafts, rollback_threshold=ACCEPT_ALL,
-                                                     num_draft_tokens=count, backend=engine.backend)
-            out = torch.where(same.unsqueeze(1), keep_all, out)
-            num_accepted = torch.where(same, all_accepted, num_accepted)
-        if engine.sampling.do_sample:  # the large model's token is sampled, not its top-1
-            probs = standardize(logits[rows, num_accepted], engine.sampling)
-            token = draw(probs, engine.seeds, engine.cursor + num_accepted, salt=rng.SALT_FINAL)
-            out = out.scatter(1, num_accepted.unsqueeze(1), token.unsqueeze(1))
-        if not self.verify_small_eos:  # a small-model EOS ends the row unverified
-            j = torch.arange(drafts.shape[1], device=drafts.device).unsqueeze(0)
-            eos_run = (torch.isin(drafts, engine.eos_ids) & (j < count.unsqueeze(1))).any(dim=1)
-            out = torch.where(eos_run.unsqueeze(1), torch.cat([drafts, out[:, -1:]], dim=1), out)
-            num_accepted = torch.where(eos_run, count, num_accepted)
-        rolled_back = (num_accepted < count) & ~engine.finished
+    def commit(self, engine: Engine, proposal: Proposal, accepted: Accepted) -> None:
+        """The draft cache's rollback; the round's statistics, and who starts the next round (official
+        mode: the large model, after a rollback)."""
+        super().commit(engine, proposal, accepted)
+        rolled_back = (accepted.num_accepted < proposal.num_draft) & ~engine.finished
         fell_back, forced = proposal.extra.unbind(1)
         active = ~engine.finished
         self.counts += torch.stack([(fell_back & active).sum(), rolled_back.sum(), (forced & active).sum()])
         self.large_next.copy_(rolled_back if self.mode == "official" else torch.zeros_like(rolled_back))
-        return Accepted(out, num_accepted)
 
     def end_step(self, engine: Engine, all_accepted: bool, kept_rows: Tensor | None) -> None:
         super().end_step(engine, all_accepted, kept_rows)

@@ -1,4 +1,4 @@
-"""The draft side shared by the two-model strategies: a second HF model on its own SpecCache.
+"""The draft side shared by the two-model drafters (speculative, BiLD): a second HF model on its own SpecCache.
 
 Draft-cache invariant: it holds every committed token but the last TWO, so each step's first
 draft forward feeds the same two tokens per row [prev, root] whatever each row accepted (the
@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from ..common import validate as check
+from .drafter import Drafter
 from .engine import OP, adapt_model
-from .strategy import Strategy
 from .standardize import draw, fit_vocab, standardize
 
 
@@ -100,8 +100,8 @@ class DraftModel:
         self.start = self.start.index_select(0, index)
 
 
-class TwoModelStrategy(Strategy):
-    """A strategy whose drafts come from a second HF model (speculative, BiLD)."""
+class TwoModelDrafter(Drafter):
+    """A drafter whose drafts come from a second HF model (speculative, BiLD)."""
 
     needs = "a causal LM sharing the target's vocabulary"
 
@@ -109,11 +109,6 @@ class TwoModelStrategy(Strategy):
         if draft_model is None:
             check.fail(OP, f"strategy {self.name!r} needs draft_model= ({self.needs})")
         self.target_model, self.draft_model = target, draft_model
-
-    def generate(self, input_ids, **kwargs):
-        """specdec_kernels.generate(target, input_ids, strategy=self, **kwargs)."""
-        from .api import generate
-        return generate(self.target_model, input_ids, strategy=self, **kwargs)
 
     def start(self, engine) -> None:
         self.draft = DraftModel(self.draft_model, engine)

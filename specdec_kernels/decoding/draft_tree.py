@@ -14,8 +14,7 @@ from ..common import rng
 from ..common.sampling import sample_weights, to_weights
 from .engine import OP
 from .standardize import Sampling, standardize
-
-SIBLINGS = ("top", "sampled")
+from .verifier import SIBLINGS
 SALT_TREE_DRAFT = 3  # Philox purpose of a sampled tree child (standardize.SALT_DRAFT = 2: chain drafts)
 
 

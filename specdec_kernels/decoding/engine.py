@@ -1,10 +1,10 @@
-"""The decoding loop every strategy shares: propose drafts, verify them with the target in one
-forward on a SpecCache, accept with the strategy's op, roll the caches back, repeat.
+"""The decoding loop every drafter shares: the drafter proposes, the target verifies in one forward on a
+SpecCache, the engine's one Verifier accepts, the caches keep what it accepted, repeat.
 
 Cache invariant (shapes stay static whatever each row accepted): the target cache holds every
 committed token but the last one, the row's "root"; a step feeds [root, x_1..x_g] (g + 1 tokens)
 and `cache.rollback(num_accepted)` keeps the root and the accepted drafts, so the emitted
-correction/bonus token becomes the next root. Draft caches are the strategy's (see draft_model.py).
+correction/bonus token becomes the next root. Draft caches are the drafter's (see draft_model.py).
 
 More on how it works: docs/internals.md, `specdec_kernels/decoding/engine.py`.
 """
@@ -21,7 +21,8 @@ from ..reference.tree import tree_depths
 from . import graphs as graph_store
 from .output import GenerateOutput, Stats
 from .standardize import Sampling
-from .strategy import Accepted, Proposal, StepPlan, Strategy
+from .step import Accepted, Proposal, StepPlan
+from .verifier import Rows, Verifier
 
 OP = "generate"
 
@@ -101,11 +102,11 @@ def graphs_supported(device: torch.device, backend: str = "auto") -> bool:
 
 
 class Engine:
-    """One `generate` call: target adapter and cache, per-row state, the loop and its statistics."""
+    """One `generate` call: target adapter and cache, the verifier, per-row state, the loop and its statistics."""
 
-    def __init__(self, target, strategy: Strategy, input_ids: Tensor, *, attention_mask=None, max_new_tokens: int,
+    def __init__(self, target, drafter, input_ids: Tensor, *, attention_mask=None, max_new_tokens: int,
                  sampling: Sampling, eos_token_id=None, pad_token_id=None, seed=None, backend="auto",
-                 cuda_graphs=None, named_strategy: bool = False, on_step=None, min_new_tokens: int = 0):
+                 cuda_graphs=None, named: bool = False, on_step=None, min_new_tokens: int = 0):
         check.tensor(OP, "input_ids", input_ids, shape=("B", "P"), dtypes=check.INDEX_DTYPES, last_dim_contiguous=False)
         self.max_new_tokens = check.positive_int(OP, "max_new_tokens", max_new_tokens)
         if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int) or min_new_tokens < 0:
@@ -144,9 +145,9 @@ class Engine:
         self.span = self.prompts.shape[1] + self.max_new_tokens
         if cuda_graphs:
             self.span = length_bucket(self.span)
-        key = self.session_key(strategy, target, named_strategy) if cuda_graphs else None
-        self.session = graph_store.session(key, strategy, cuda_graphs, self.device)
-        self.graphs, self.strategy = self.session.runner, self.session.strategy
+        key = self.session_key(drafter, target, named) if cuda_graphs else None
+        self.session = graph_store.session(key, drafter, cuda_graphs, self.device)
+        self.graphs, self.drafter = self.session.runner, self.session.drafter
         self.session.state.setdefault("target.model", target)  # the graphs read its weights: hold it
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, ()).item())
@@ -156,22 +157,24 @@ class Engine:
         eos_vocab = torch.zeros(self.vocab, dtype=torch.bool, device=self.device)  # EOS ids as a [V] mask
         eos_vocab[[e for e in self.eos if 0 <= e < self.vocab]] = True
         self.eos_vocab = self.keep("eos_vocab", eos_vocab)
+        self.verifier = Verifier(self.drafter.verification, sampling, backend, self.eos_ids)
         self.row_ids = rows.clone()  # active row -> row of the output
         self._position_rows = {}
         self.on_step = on_step
 
-    def session_key(self, strategy: Strategy, target, named: bool):
-        """What the captured graphs bake in besides kept tensors: the models, the strategy's
-        configuration, shapes (batch, length bucket), sampling, backend, EOS and pad ids. None
-        (nothing kept) for encoder-decoders, whose encoder states and cross-attention K/V are
-        allocated per call, and for strategies without a graph_key. A strategy made from its name
-        is matched by configuration; a strategy object only by itself."""
-        strategy_key = strategy.graph_key()
-        if self.encoder_decoder or strategy_key is None:
+    def session_key(self, drafter, target, named: bool):
+        """What the captured graphs bake in besides kept tensors: the models, the drafter's
+        configuration (its verification with it), shapes (batch, length bucket), sampling, backend, EOS
+        and pad ids. None (nothing kept) for encoder-decoders, whose encoder states and cross-attention
+        K/V are allocated per call, and for drafters without a graph_key. A drafter made from its
+        strategy's name is matched by configuration; a drafter object only by itself."""
+        drafter_key = drafter.graph_key()
+        if self.encoder_decoder or drafter_key is None:
             return None
-        owner = ("named",) if named else ("object", id(strategy))
+        owner = ("named",) if named else ("object", id(drafter))
         weight = self.target.lm_head.weight
-        return (id(target), weight_addresses(target), owner, strategy_key, self.prompts.shape[0], self.span,
+        return (id(target), weight_addresses(target), owner, drafter_key, drafter.verification,
+                self.prompts.shape[0], self.span,
                 self.sampling, self.backend, tuple(self.eos), self.pad, weight.device, weight.dtype, self.min_new_tokens)
 
     def keep(self, name: str, value: Tensor) -> Tensor:
@@ -200,7 +203,7 @@ class Engine:
     def cache_length(self, adapter, role: str) -> int:
         """Room for the longest prompt, every new token and one step's drafts past the budget (the
         span's bucket when graphs are kept, within the model's positions)."""
-        extra = self.strategy.max_width + 2
+        extra = self.drafter.max_width + 2
         length = self.prompts.shape[1] + self.max_new_tokens + extra
         limit = adapter.max_positions()
         if limit is not None and length > limit:
@@ -232,15 +235,16 @@ class Engine:
 
     def folds_first_step(self) -> bool:
         """Whether the first token comes from the prefill, as in HF's generate: greedy decoding of a
-        decoder-only target with a strategy that asks for it (plain). Otherwise a first step feeds
+        decoder-only target with a drafter that asks for it (plain). Otherwise a first step feeds
         the last prompt token again, one more target forward per call (on the CPU a one-token
         forward costs about what the prompt's does). Sampling keeps that step: it draws the first
         token like every later step draws its tokens."""
-        return self.strategy.first_token_from_prefill and not self.encoder_decoder and not self.sampling.do_sample
+        return self.drafter.first_token_from_prefill and not self.encoder_decoder and not self.sampling.do_sample
 
     def setup(self) -> None:
-        batch, width = self.prompts.shape[0], self.strategy.max_width + 1
+        batch, width = self.prompts.shape[0], self.drafter.max_width + 1
         self.folded = self.folds_first_step()
+        self.step = StepPlan(0)  # a folded first token is a step without drafts
         self.cache = self.new_cache(self.target, "target", whole_prompt=self.folded)
         last = (self.prompt_lengths - 1).unsqueeze(1)
         keep, device = self.keep, self.device
@@ -261,35 +265,39 @@ class Engine:
         self.accepted_at = keep("accepted_at", torch.zeros(width - 1, dtype=torch.int64, device=device))
         self.final = torch.full((batch, self.max_new_tokens), self.pad, dtype=torch.int64, device=self.device)
         self.final_lengths = torch.zeros(batch, dtype=torch.int64, device=self.device)
-        self.strategy.start(self)
+        self.drafter.start(self)
         if self.folded:  # the first token, as a step with zero drafts would have emitted it (greedy: no draws)
             no_drafts = Proposal(self.root.new_zeros(batch, 0))
-            accepted = self.strategy.accept(self, no_drafts, self.early_eos_banned(self.prefill_logits, None))
+            accepted = self.verifier(no_drafts, self.early_eos_banned(self.prefill_logits, None), self.rows())
             del self.prefill_logits
             self.record(accepted.tokens, accepted.num_accepted, None)
 
     # ---- one step ----------------------------------------------------------------------------
 
     def plan_step(self, first: bool) -> StepPlan:
-        """The strategy's plan of the next step, kept as self.step (its width moves the draw cursor)."""
-        self.step = self.strategy.plan(self, first)
+        """The drafter's plan of the next step, kept as self.step (its width moves the draw cursor)."""
+        self.step = self.drafter.plan(self, first)
         return self.step
+
+    def rows(self) -> Rows:
+        """What the verifier reads of the rows this step."""
+        return Rows(self.root, self.seeds, self.cursor, self.step.depth)
 
     def verify_step(self, tokens: Tensor, probs: Tensor | None, num_draft: Tensor | None,
                     extra: Tensor | None, parents: Tensor | None) -> Tensor:
-        """Target forward over [root, drafts], the strategy's accept rule, the caches' commit and the
-        row bookkeeping, all on the device; returns the flags the host reads."""
+        """Target forward over [root, drafts], the verifier's verdict, the caches' commit (the target's
+        KV, the drafter's own) and the row bookkeeping, all on the device; returns the flags the host reads."""
         proposal = Proposal(tokens, probs, num_draft, extra, parents)
         fed = self.root.unsqueeze(1) if tokens.shape[1] == 0 else torch.cat([self.root.unsqueeze(1), tokens], dim=1)
-        logits = self.early_eos_banned(self.target.verify(fed, self.cache, parents), parents)
-        accepted = self.strategy.accept(self, proposal, logits)
+        logits = self.target.verify(fed, self.cache, parents)
+        accepted = self.verifier(proposal, self.early_eos_banned(logits, parents), self.rows())
         if self.graphs.enabled:  # finished rows stay in the batch: their lengths must not move
             before = self.cache.seq_lens.clone()
             self.commit_target(proposal, accepted)
             self.cache.seq_lens.copy_(torch.where(self.finished, before, self.cache.seq_lens))
         else:  # eager: finished rows were dropped after the step that finished them, so every row is active
             self.commit_target(proposal, accepted)
-        self.strategy.commit(self, proposal, accepted)
+        self.drafter.commit(self, proposal, accepted)
         self.advance_cursor()
         self.record(accepted.tokens, accepted.num_accepted, num_draft)
         return self.flags
@@ -317,7 +325,7 @@ class Engine:
         """min_new_tokens (HF's MinNewTokensLengthLogitsProcessor): the target's EOS logits are -inf
         where the token drawn from them would be new token number < min_new_tokens. logits [B, W, V]
         follow the fed tokens (a chain: W positions in order; a tree: node depths). Drafts stay as they
-        are: one proposing EOS there meets p(EOS) = 0 and is rejected, so every strategy stays exact."""
+        are: one proposing EOS there meets p(EOS) = 0 and is rejected, so every drafter stays exact."""
         if self.min_new_tokens == 0 or not self.eos:
             return logits
         depth = self._positions(logits.shape[1]) if parents is None else tree_depths(parents)
@@ -426,9 +434,9 @@ class Engine:
                 self.trust_capacity()
             with timer.section("draft"):
                 if first or g == 0:  # g == 0: an empty proposal, no kernel (torch warns at an empty graph)
-                    proposal = self.strategy.propose(self, first)
+                    proposal = self.drafter.propose(self, first)
                 else:
-                    proposal = self.graphs(("draft", *key), lambda: self.strategy.propose(self, False))
+                    proposal = self.graphs(("draft", *key), lambda: self.drafter.propose(self, False))
             with timer.section("verify"):
                 inputs = (proposal.tokens, proposal.probs, proposal.num_draft, proposal.extra, proposal.parents)
                 flags = (self.verify_step(*inputs) if first
@@ -439,7 +447,7 @@ class Engine:
                 self.observe_step(before)
             done = self.after_step(flags)
         self.store_rows(torch.ones_like(self.finished))
-        return self.output(stats, timer, self.strategy.finish(self))
+        return self.output(stats, timer, self.drafter.finish(self))
 
     def after_step(self, flags: Tensor) -> bool:
         """Read the step's flags (its one host sync); True when every row is done. Eager mode drops
@@ -449,7 +457,7 @@ class Engine:
         kept = None
         if not all(finished) and any(finished) and not self.graphs.enabled:
             kept = self.drop_rows(torch.tensor([not f for f in finished], device=self.device))
-        self.strategy.end_step(self, all_accepted, kept)
+        self.drafter.end_step(self, all_accepted, kept)
         return all(finished)
 
     def observe_step(self, before: Tensor) -> None:
@@ -479,13 +487,13 @@ class Engine:
         """Graph mode: the caches were sized for every token a row can write (cache_length) and
         finished rows are frozen, so the SpecCache's host-side overflow bound (which grows on every
         eager call and, near the end, reads the lengths back: a sync capture forbids) is reset."""
-        for kept in self.session.state.values():  # the target's cache and the strategy's (engine.reuse)
+        for kept in self.session.state.values():  # the target's cache and the drafter's (engine.reuse)
             if hasattr(kept, "_length_bound"):
                 kept._length_bound = 0
 
     def drop_rows(self, keep: Tensor) -> Tensor:
         """Eager mode: move finished rows' tokens to the output and drop them from the target's cache and
-        the per-row state; returns the indices of the rows kept (the strategy drops its rows in end_step)."""
+        the per-row state; returns the indices of the rows kept (the drafter drops its rows in end_step)."""
         self.store_rows(~keep)
         index = keep.nonzero().squeeze(1)
         self.cache.select_rows(index)

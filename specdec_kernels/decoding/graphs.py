@@ -153,11 +153,11 @@ def _first_line(error: BaseException) -> str:
 
 
 class GraphSession:
-    """One key's runner, strategy object and kept state (see the module docstring). `stored`: whether
+    """One key's runner, drafter object and kept state (see the module docstring). `stored`: whether
     it lives in the cache (eager calls and unkeyable configurations get a throwaway one)."""
 
-    def __init__(self, runner: GraphRunner, strategy, stored: bool):
-        self.runner, self.strategy, self.stored = runner, strategy, stored
+    def __init__(self, runner: GraphRunner, drafter, stored: bool):
+        self.runner, self.drafter, self.stored = runner, drafter, stored
         self.state: dict = {}
         self.busy = False
 
@@ -165,8 +165,8 @@ class GraphSession:
 _sessions: "collections.OrderedDict[tuple, GraphSession]" = collections.OrderedDict()
 
 
-def session(key, strategy, enabled: bool, device: torch.device) -> GraphSession:
-    """The kept session of `key` (its strategy object replaces `strategy`), or a new one: stored when
+def session(key, drafter, enabled: bool, device: torch.device) -> GraphSession:
+    """The kept session of `key` (its drafter object replaces `drafter`), or a new one: stored when
     graphs are on and key is not None, evicting the least recently used beyond MAX_SESSIONS."""
     if enabled and key is not None:
         found = _sessions.get(key)
@@ -174,7 +174,7 @@ def session(key, strategy, enabled: bool, device: torch.device) -> GraphSession:
             _sessions.move_to_end(key)
             return found
     stored = enabled and key is not None and key not in _sessions
-    made = GraphSession(GraphRunner(enabled, device), strategy, stored)
+    made = GraphSession(GraphRunner(enabled, device), drafter, stored)
     if stored:
         _sessions[key] = made
         while len(_sessions) > MAX_SESSIONS:

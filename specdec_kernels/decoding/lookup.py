@@ -10,21 +10,19 @@ More on how it works: docs/internals.md, `specdec_kernels/decoding/lookup.py`.
 import torch
 from torch import Tensor
 
-from .. import ops
 from ..common import validate as check
+from .drafter import Drafter
 from .engine import OP, Engine, right_aligned
-from .strategy import Accepted, Proposal, StepPlan, Strategy
 from .lookup_cache import LookupCache
 from .lookup_match import chain, scan
 from .lookup_tree import tree
-from .plain import accept_plain
-from .speculative import DEFAULT_VERIFICATION, VERIFICATIONS
-from .standardize import standardize
+from .step import Proposal, StepPlan
+from .verifier import Verification, chain_rule
 
 MATCHES = ("first", "recent")
 
 
-class LookupDecoder(Strategy):
+class LookupDecoder(Drafter):
     """`LookupDecoder(target, num_draft_tokens=10, max_ngram=3).generate(input_ids, ...)`, or
     `specdec_kernels.generate(target, input_ids, strategy="lookup", ...)`.
 
@@ -60,12 +58,11 @@ class LookupDecoder(Strategy):
         if match is not None and self.nodes:
             check.fail(OP, "`match` picks the chain's occurrence; a tree (tree_nodes > 0) uses all of them")
         self.match = match or "first"
-        if verification is not None and verification not in VERIFICATIONS:
-            check.fail(OP, f"`verification` must be one of {', '.join(map(repr, VERIFICATIONS))} "
-                           f"(got {verification!r})")
+        chain_form = chain_rule(verification)
         if verification is not None and self.nodes:
             check.fail(OP, "`verification` applies to chains (a token tree verifies node by node)")
-        self.verification = verification or DEFAULT_VERIFICATION
+        # copied drafts are one-hot (no q); a tree's copied siblings are deterministic
+        self.verification = Verification(chain=chain_form, siblings="top")
         if lookup_cache is not None and not isinstance(lookup_cache, LookupCache):
             check.fail(OP, f"`lookup_cache` must be a specdec_kernels.LookupCache (got {type(lookup_cache).__name__})",
                        TypeError)
@@ -73,16 +70,11 @@ class LookupDecoder(Strategy):
         self.depth = min(self.k, self.nodes) if self.nodes else self.k  # a tree of N nodes is at most N deep
         self.max_width = self.nodes or self.k
 
-    def generate(self, input_ids, **kwargs):
-        """specdec_kernels.generate(target, input_ids, strategy=self, **kwargs)."""
-        from .api import generate
-        return generate(self.target_model, input_ids, strategy=self, **kwargs)
-
     # ---- engine interface --------------------------------------------------------------------
 
     def graph_key(self):
         cache = None if self.cache is None else (id(self.cache), self.cache.max_tokens)
-        return (self.name, self.k, self.max_ngram, self.min_ngram, self.nodes, self.match, self.verification, cache)
+        return (self.name, self.k, self.max_ngram, self.min_ngram, self.nodes, self.match, cache)
 
     def start(self, engine: Engine) -> None:
         """The row texts' buffer: context (encoder input, then the decoder's prompt) at its start, the
@@ -152,33 +144,6 @@ class LookupDecoder(Strategy):
     def propose(self, engine: Engine, first: bool) -> Proposal:
         planned = engine.step.proposal  # eager: drafted by plan
         return planned if planned is not None else self.draft(engine)[0]
-
-    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> Accepted:
-        """A tree (proposal.parents) node by node; a chain, or a tree of single paths (num_draft is each
-        row's path length), with the chain ops."""
-        if not proposal.tokens.shape[1]:  # no row drafted: a plain step
-            return accept_plain(engine, proposal, logits)
-        if proposal.parents is not None:
-            return self.accept_tree(engine, proposal, logits)
-        drafts, count = proposal.tokens, proposal.num_draft
-        if not engine.sampling.do_sample:
-            return Accepted(*ops.greedy_verify(logits, drafts, num_draft_tokens=count, backend=engine.backend))
-        target_probs = standardize(logits, engine.sampling)
-        one_hot = torch.nn.functional.one_hot(drafts, target_probs.shape[-1]).to(target_probs.dtype)
-        verify = ops.block_verify if self.verification == "block" else ops.rejection_sample
-        return Accepted(*verify(target_probs, one_hot, drafts, seed=engine.seeds, offsets=engine.cursor,
-                                num_draft_tokens=count, backend=engine.backend))
-
-    def accept_tree(self, engine: Engine, proposal: Proposal, logits: Tensor) -> Accepted:
-        """The tree's nodes one by one, as deep as the step's plan (engine.step.depth)."""
-        tokens = torch.cat([engine.root.unsqueeze(1), proposal.tokens], dim=1)
-        parents, depth = proposal.parents, engine.step.depth
-        if not engine.sampling.do_sample:
-            return Accepted(*ops.tree_greedy_verify(logits, tokens, parents, max_depth=depth, backend=engine.backend))
-        target_probs = standardize(logits, engine.sampling)
-        one_hot = torch.nn.functional.one_hot(tokens, target_probs.shape[-1]).to(target_probs.dtype)
-        return Accepted(*ops.tree_rejection_sample(target_probs, one_hot, tokens, parents, seed=engine.seeds,
-                                                   offsets=engine.cursor, max_depth=depth, backend=engine.backend))
 
     def end_step(self, engine: Engine, all_accepted: bool, kept_rows: Tensor | None) -> None:
         if kept_rows is not None:

@@ -4,8 +4,8 @@
 The paper runs k+1 processes on k+1 GPUs; on one GPU that layout gains nothing when decoding is
 bandwidth bound, so this is a single-GPU form: each step runs the root through the lower layers,
 takes the early head's top-k as candidates, and verifies them as k one-node branches of a tree in
-one full forward (ops.early_exit_topk, ops.tree_attention). The emitted tokens come only from
-final-layer logits, so the output is greedy's token for token.
+one full forward (ops.early_exit_topk, ops.tree_attention; the verifier's greedy tree rule, one level
+deep). The emitted tokens come only from final-layer logits, so the output is greedy's token for token.
 
 Statistics: stats.per_position_acceptance[0] is the measured match rate p̂ (hits per step);
 stats.extra carries exit_layer, k, head and the theory at that p̂.
@@ -19,13 +19,24 @@ import torch
 from torch import Tensor
 
 from ..common import validate as check
+from .drafter import Drafter
 from .engine import OP, Engine, weight_addresses
-from .strategy import Accepted, Proposal, Strategy
+from .step import Proposal, StepPlan
 
 HEAD_KINDS = ("N", "Y")
 
 
-class PPDDecoder(Strategy):
+def head_options(heads, target) -> dict:
+    """PPD's options with a set of trained heads (EarlyExitHeads) for `target`: the heads, at the trained
+    exit layer nearest d // 2 (none trained inside the target: the target's own head, "N")."""
+    depth = target.config.num_hidden_layers
+    layers = [layer for layer in heads.layers if 1 <= layer < depth]
+    if not layers:
+        return {"head": "N"}
+    return {"head": heads, "exit_layer": min(layers, key=lambda layer: abs(layer - depth // 2))}
+
+
+class PPDDecoder(Drafter):
     """`PPDDecoder(target, exit_layer=None, k=3, head=None).generate(input_ids, ...)`, or
     `specdec_kernels.generate(target, input_ids, strategy="ppd", k=3, ...)`.
 
@@ -48,11 +59,6 @@ class PPDDecoder(Strategy):
         if candidates is not None and not callable(candidates):
             check.fail(OP, "`candidates` must be callable (engine, hidden) -> [B, k] "
                            f"(got {type(candidates).__name__})")
-
-    def generate(self, input_ids, **kwargs):
-        """specdec_kernels.generate(target, input_ids, strategy=self, **kwargs)."""
-        from .api import generate
-        return generate(self.target_model, input_ids, strategy=self, **kwargs)
 
     # ---- engine interface --------------------------------------------------------------------
 
@@ -99,6 +105,9 @@ class PPDDecoder(Strategy):
             head = (id(head), weight_addresses(head))
         return (self.name, self.k, self.exit_layer_option, head, id(self.candidates))
 
+    def plan(self, engine: Engine, first: bool) -> StepPlan:
+        return StepPlan(self.k, depth=1)  # k one-node branches: the verifier walks one level
+
     def propose(self, engine: Engine, first: bool) -> Proposal:
         state = engine.target.forward_to_layer(engine.root.unsqueeze(1), engine.cache, self.exit_layer)
         hidden = state.hidden[:, 0]
@@ -112,17 +121,6 @@ class PPDDecoder(Strategy):
         parents[:, 0] = -1
         # one guessed position per step: stats.per_position_acceptance[0] is the match rate
         return Proposal(tokens, num_draft=torch.ones_like(engine.root), parents=parents)
-
-    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> Accepted:
-        """tokens [B, 2] = (x_{t+1}, x_{t+2} on a hit), num_accepted [B] in {0, 1}, nodes: the root and the hit."""
-        following = logits[:, 0].argmax(dim=-1)  # the main row: greedy's next token
-        hits = proposal.tokens == following.unsqueeze(1)
-        hit = hits.any(dim=1)
-        branch = hits.to(torch.int8).argmax(dim=1)  # the first matching candidate
-        rows = torch.arange(logits.shape[0], device=logits.device)
-        after = logits[rows, branch + 1].argmax(dim=-1)
-        nodes = torch.stack([torch.zeros_like(branch), torch.where(hit, branch + 1, -1)], dim=1)
-        return Accepted(torch.stack([following, torch.where(hit, after, engine.pad)], dim=1), hit.to(torch.int64), nodes)
 
     def finish(self, engine: Engine) -> dict:
         steps, hits = int(engine.drafted_at[0]), int(engine.accepted_at[0])

@@ -1,7 +1,8 @@
 """Strategy `specdec` (Xia et al., "Speculative Decoding"): a SpecDecDrafter drafts `block_size`
 tokens in ONE forward ([MASK] queries after the committed prefix); the target scores them in one
-forward and `ops.relaxed_verify` accepts the leading drafts that are within the target's top
-`top_beta` tokens AND within `tau` nats of its top-1 (Eq. 8 and 9); the target's top-1 follows.
+forward and the verifier's relaxed rule (ops.relaxed_verify) accepts the leading drafts that are within
+the target's top `top_beta` tokens AND within `tau` nats of its top-1 (Eq. 8 and 9); the target's top-1
+follows.
 
 Exactness: top_beta=1 (any tau) or tau=0 (any top_beta) is token-identical to the target's greedy
 output. Any other setting is LOSSY by design (the paper selects top_beta=3, tau=1.0 and reports
@@ -14,13 +15,14 @@ More on how it works: docs/internals.md, `specdec_kernels/decoding/specdec.py`.
 import torch
 from torch import Tensor
 
-from .. import ops
 from ..common import validate as check
+from .drafter import Drafter
 from .engine import OP, Engine, weight_addresses
-from .strategy import Accepted, Proposal, Strategy
+from .step import Accepted, Proposal
+from .verifier import Verification
 
 
-class SpecDecDecoder(Strategy):
+class SpecDecDecoder(Drafter):
     """`SpecDecDecoder(target, drafter, block_size=10, top_beta=3, tau=1.0).generate(input_ids, ...)`,
     or `specdec_kernels.generate(target, input_ids, strategy="specdec", drafter=drafter, ...)`."""
 
@@ -38,15 +40,11 @@ class SpecDecDecoder(Strategy):
         self.k = self.max_width = check.positive_int(OP, "block_size", k)
         self.top_beta = check.positive_int(OP, "top_beta", top_beta)
         self.tau = check.real_number(OP, "tau", tau, minimum=0.0)
+        self.verification = Verification(rule="relaxed", top_beta=self.top_beta, tau=self.tau)
 
     @property
     def lossless(self) -> bool:
-        return self.top_beta == 1 or self.tau == 0
-
-    def generate(self, input_ids, **kwargs):
-        """specdec_kernels.generate(target, input_ids, strategy=self, **kwargs)."""
-        from .api import generate
-        return generate(self.target_model, input_ids, strategy=self, **kwargs)
+        return self.verification.lossless
 
     # ---- engine interface --------------------------------------------------------------------
 
@@ -86,7 +84,7 @@ class SpecDecDecoder(Strategy):
                                          torch.zeros(batch, dtype=torch.int64, device=engine.device))
 
     def graph_key(self):
-        return (self.name, id(self.drafter), weight_addresses(self.drafter), self.k, self.top_beta, self.tau)
+        return (self.name, id(self.drafter), weight_addresses(self.drafter), self.k)
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
         if first:
@@ -95,11 +93,6 @@ class SpecDecDecoder(Strategy):
             tokens, count = self.pending, torch.where(engine.finished, 0, self.pending_count)
         drafts, _ = self.drafter.draft(tokens, count, self.cache, self.k)
         return Proposal(drafts)
-
-    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> Accepted:
-        out, num_accepted = ops.relaxed_verify(logits, proposal.tokens, top_beta=self.top_beta, tau=self.tau,
-                                               backend=engine.backend)
-        return Accepted(out, num_accepted)
 
     def commit(self, engine: Engine, proposal: Proposal, accepted: Accepted) -> None:
         """What the next draft step feeds: this step's committed tokens (in place: the captured draft step

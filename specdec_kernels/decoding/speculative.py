@@ -1,10 +1,11 @@
 """Strategy `speculative` (Leviathan et al. 2023): a small causal LM drafts, the target verifies the drafts
-in one forward. Two strategies behind one name, picked by the tree options in SpeculativeDecoder.__new__:
+in one forward. Two drafters behind one name, picked by the tree options in SpeculativeDecoder.__new__:
 
-  ChainSpeculative  g drafts in a row: greedy_verify (greedy), block_verify (sampling, the default) or
-                    rejection_sample (verification="token"); lenience < 1 is the paper's lossy Appendix A.5.
+  ChainSpeculative  g drafts in a row, verified as a chain: greedy match, block verification (sampling, the
+                    default) or token-wise rejection sampling (verification="token"); lenience < 1 is the
+                    paper's lossy Appendix A.5.
   TreeSpeculative   tree_topk > 1 or tree_nodes != num_draft_tokens: a token tree of N nodes (draft_tree.py),
-                    tree_greedy_verify or tree_rejection_sample; both caches keep the accepted path.
+                    verified node by node; both caches keep the accepted path.
 
 Every setting with lenience 1 is lossless: greedy output is the target's greedy decoding, sampled output
 follows the target's (standardised) distribution. The options, and why the defaults are what they are:
@@ -12,25 +13,19 @@ docs/strategies/speculative.md.
 """
 
 import abc
-import math
 
 import torch
 from torch import Tensor
 
-from .. import ops
 from ..common import validate as check
 from . import draft_tree
-from .draft_model import TwoModelStrategy
+from .draft_model import TwoModelDrafter
 from .engine import OP, Engine, weight_addresses
-from .strategy import Accepted, Proposal, StepPlan
-from .standardize import standardize
-
-VERIFICATIONS = ("block", "token")
-DEFAULT_VERIFICATION = "block"  # why: docs/strategies/speculative.md "Verification rules"; bench/results/verification_chains_cpu.md
-DEFAULT_TREE_SIBLINGS = "sampled"  # likewise: bench/results/verification_trees_cpu.md, verification_rules_cpu.md
+from .step import Accepted, Proposal, StepPlan
+from .verifier import SIBLINGS, Verification, chain_rule
 
 
-class SpeculativeDecoder(TwoModelStrategy):
+class SpeculativeDecoder(TwoModelDrafter):
     """`SpeculativeDecoder(target, draft, num_draft_tokens=5).generate(input_ids, ...)`, or
     `specdec_kernels.generate(target, input_ids, strategy="speculative", draft_model=draft, ...)`; an object
     of ChainSpeculative or TreeSpeculative, as the tree options say."""
@@ -64,8 +59,7 @@ class SpeculativeDecoder(TwoModelStrategy):
 
     @abc.abstractmethod
     def check_options(self, verification: str | None, tree_siblings: str | None) -> None:
-        """The options of one form only, checked against the others; sets verification, tree_siblings
-        and max_width."""
+        """The options of one form only, checked against the others; sets verification and max_width."""
 
     def start(self, engine: Engine) -> None:
         self.g = self.initial_g
@@ -75,7 +69,7 @@ class SpeculativeDecoder(TwoModelStrategy):
 
     def graph_key(self):
         return (self.name, id(self.draft_model), weight_addresses(self.draft_model), self.initial_g, self.schedule,
-                self.g_max, self.lenience, self.tree.topk, self.tree.nodes, self.verification, self.tree_siblings)
+                self.g_max, self.tree.topk, self.tree.nodes)
 
 
 class ChainSpeculative(SpeculativeDecoder):
@@ -84,16 +78,15 @@ class ChainSpeculative(SpeculativeDecoder):
     def check_options(self, verification: str | None, tree_siblings: str | None) -> None:
         if not self.tree.chain:
             check.fail(OP, "tree_topk > 1 or tree_nodes != num_draft_tokens is a token tree: use SpeculativeDecoder")
-        if verification is None:  # lenience < 1 is defined for the token-wise rule only
-            verification = "token" if self.lenience != 1 else DEFAULT_VERIFICATION
-        if verification not in VERIFICATIONS:
-            check.fail(OP, f"`verification` must be one of {', '.join(map(repr, VERIFICATIONS))} (got {verification!r})")
-        if verification == "block" and self.lenience != 1:
+        if verification is None and self.lenience != 1:  # lenience < 1 is defined for the token-wise rule only
+            verification = "token"
+        chain = chain_rule(verification)
+        if chain == "block" and self.lenience != 1:
             check.fail(OP, f"`lenience` < 1 needs verification='token' (block verification is exact; got "
                            f"{self.lenience})")
         if tree_siblings is not None:
             check.fail(OP, "`tree_siblings` applies to token trees (tree_topk > 1 or tree_nodes != num_draft_tokens)")
-        self.verification, self.tree_siblings, self.max_width = verification, DEFAULT_TREE_SIBLINGS, self.g_max
+        self.verification, self.max_width = Verification(chain=chain, lenience=self.lenience), self.g_max
 
     def plan(self, engine: Engine, first: bool) -> StepPlan:
         return StepPlan(self.g)
@@ -108,21 +101,6 @@ class ChainSpeculative(SpeculativeDecoder):
                 probs.append(q)
             feed = token.unsqueeze(1)
         return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
-
-    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> Accepted:
-        if not engine.sampling.do_sample:
-            if self.lenience < 1:  # accept x when p(x) >= l * max(p): a logit gap <= -log(l)
-                return Accepted(*ops.relaxed_verify(logits, proposal.tokens, top_beta=logits.shape[-1],
-                                                    tau=math.nextafter(-math.log(self.lenience), math.inf),
-                                                    backend=engine.backend))
-            return Accepted(*ops.greedy_verify(logits, proposal.tokens, backend=engine.backend))
-        target_probs = standardize(logits, engine.sampling)
-        if self.verification == "block":
-            return Accepted(*ops.block_verify(target_probs, proposal.probs, proposal.tokens, seed=engine.seeds,
-                                              offsets=engine.cursor, backend=engine.backend))
-        draft_probs = proposal.probs if self.lenience == 1 else proposal.probs * self.lenience
-        return Accepted(*ops.rejection_sample(target_probs, draft_probs, proposal.tokens, seed=engine.seeds,
-                                              offsets=engine.cursor, backend=engine.backend))
 
     def end_step(self, engine: Engine, all_accepted: bool, kept_rows: Tensor | None) -> None:
         super().end_step(engine, all_accepted, kept_rows)
@@ -144,17 +122,17 @@ class TreeSpeculative(SpeculativeDecoder):
         if self.schedule != "constant":
             check.fail(OP, "`schedule` must be 'constant' with a token tree (tree_topk > 1 or tree_nodes != "
                            f"num_draft_tokens; got {self.schedule!r})")
-        if tree_siblings is not None and tree_siblings not in draft_tree.SIBLINGS:
-            check.fail(OP, f"`tree_siblings` must be one of {', '.join(map(repr, draft_tree.SIBLINGS))} "
+        if tree_siblings is not None and tree_siblings not in SIBLINGS:
+            check.fail(OP, f"`tree_siblings` must be one of {', '.join(map(repr, SIBLINGS))} "
                            f"(got {tree_siblings!r})")
         if self.lenience != 1:
             check.fail(OP, f"`lenience` must be 1 with a token tree (tree verification is exact; got {self.lenience})")
-        self.verification, self.tree_siblings = DEFAULT_VERIFICATION, tree_siblings or DEFAULT_TREE_SIBLINGS
+        self.verification = Verification(siblings=tree_siblings) if tree_siblings else Verification()
         # a step writes N + 1 target and up to 1 + (DEPTH - 1) * K draft entries past the committed ones
         self.max_width = max(self.tree.nodes, self.tree.draft_nodes)
 
     def plan(self, engine: Engine, first: bool) -> StepPlan:
-        return StepPlan(self.tree.nodes)
+        return StepPlan(self.tree.nodes, self.tree.depth)
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
         """Proposal(tokens [B, N], num_draft = DEPTH (accepted positions are path depths), parents [B, N + 1],
@@ -163,29 +141,10 @@ class TreeSpeculative(SpeculativeDecoder):
         root_logprobs = draft_tree.draft_log_probs(draft.root_logits(draft.begin(engine, first)), sampling)
         tree = draft_tree.grow_tree(self.tree, engine.root, root_logprobs, draft.tree_logits,
                                     lambda logits: draft_tree.draft_log_probs(logits, sampling),
-                                    siblings=self.siblings(engine), seeds=engine.seeds, cursors=engine.cursor)
+                                    siblings=self.verification.tree_siblings(sampling), seeds=engine.seeds,
+                                    cursors=engine.cursor)
         return Proposal(tree.tokens, tree.draft_probs, num_draft=torch.full_like(engine.root, self.tree.depth),
                         extra=tree.draft_node, parents=tree.parents)
-
-    def siblings(self, engine: Engine) -> str:
-        return "sampled" if self.tree_siblings == "sampled" and engine.sampling.do_sample else "top"
-
-    def accept(self, engine: Engine, proposal: Proposal, logits: Tensor) -> Accepted:
-        """Greedy: the longest path matching the target's argmax. Sampling: top-K siblings are deterministic,
-        so each is verified as a one-hot draft; sampled siblings against the q they were drawn from, less the
-        siblings already rejected. Either way the residual after each rejected sibling keeps the target's law."""
-        tokens = torch.cat([engine.root.unsqueeze(1), proposal.tokens], dim=1)
-        parents, depth = proposal.parents, self.tree.depth
-        if not engine.sampling.do_sample:
-            return Accepted(*ops.tree_greedy_verify(logits, tokens, parents, max_depth=depth, backend=engine.backend))
-        target_probs = standardize(logits, engine.sampling)
-        if self.siblings(engine) == "sampled":
-            return Accepted(*ops.tree_rejection_sample(
-                target_probs, proposal.probs, tokens, parents, seed=engine.seeds, offsets=engine.cursor,
-                max_depth=depth, siblings="without_replacement", backend=engine.backend))
-        one_hot = torch.nn.functional.one_hot(tokens, target_probs.shape[-1]).to(target_probs.dtype)
-        return Accepted(*ops.tree_rejection_sample(target_probs, one_hot, tokens, parents, seed=engine.seeds,
-                                                   offsets=engine.cursor, max_depth=depth, backend=engine.backend))
 
     def commit(self, engine: Engine, proposal: Proposal, accepted: Accepted) -> None:
         """The draft cache keeps the accepted path's nodes of its last tree forward."""

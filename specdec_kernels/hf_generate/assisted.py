@@ -11,9 +11,9 @@ generation_config sets it, or when it differs from HF's default; the assistant's
 More on how it works: docs/internals.md, `specdec_kernels/hf_generate/assisted.py`.
 """
 
+from ..decoding.strategies import STRATEGIES
 from .hf_private import assisted_defaults
 
-DRAFT_LENGTH = {"speculative": "num_draft_tokens", "bild": "max_small_run", "specdec": "block_size"}
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 REFUSED = {"assistant_confidence_threshold": "HF's confidence stop for the assistant (re-fitted online) is not "
                                              "supported: use schedule='heuristic', or strategy 'bild' "
@@ -73,17 +73,19 @@ class Assisted:
         self.strategy = strategy or ("speculative" if draft is not None else "plain")
         length, schedule = read("num_assistant_tokens"), read("num_assistant_tokens_schedule")
         if length is not None:
-            option = DRAFT_LENGTH.get(self.strategy)
+            option = STRATEGIES[self.strategy].draft_length
             if option is None:
+                with_length = [s.name for s in STRATEGIES.values() if s.draft_length]
                 fail(f"num_assistant_tokens={length} has no counterpart in strategy {self.strategy!r} (it sets "
-                     "the draft length of speculative, bild and specdec)")
+                     f"the draft length of {', '.join(with_length[:-1])} and {with_length[-1]})")
             self.set(option, length, "num_assistant_tokens")
         if schedule is not None and schedule not in SCHEDULES:
             fail(f"num_assistant_tokens_schedule must be one of {', '.join(map(repr, SCHEDULES))} (got {schedule!r})")
         if schedule not in (None, "constant"):
-            if self.strategy != "speculative":
-                fail(f"num_assistant_tokens_schedule={schedule!r} applies to strategy 'speculative' "
-                     f"(not {self.strategy!r})")
+            scheduled = [s.name for s in STRATEGIES.values() if "schedule" in s.options]  # HF's schedule, ours
+            if self.strategy not in scheduled:
+                fail(f"num_assistant_tokens_schedule={schedule!r} applies to strategy "
+                     f"{', '.join(map(repr, scheduled))} (not {self.strategy!r})")
             self.set("schedule", "heuristic", "num_assistant_tokens_schedule")
             self.persist = schedule == "heuristic" and draft is not None
 

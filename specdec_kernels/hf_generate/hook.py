@@ -13,16 +13,15 @@ import warnings
 
 import torch
 
-from ..decoding import api
-from ..decoding.api import accepted_options
+from ..decoding import api, strategies
+from ..decoding.strategies import accepted_options
 from . import settings
 from .assisted import Assisted
 from .hf_private import calling_generate
 
 OP = "custom_generate"
-STRATEGIES = ("speculative", "bild", "specdec", "ppd", "lookup", "plain")
 # every strategy's options, plus the engine's own: HF passes a keyword through only if the signature names it
-OPTIONS = tuple(dict.fromkeys(o for s in STRATEGIES for o in accepted_options(s)))
+OPTIONS = tuple(dict.fromkeys(o for s in strategies.names() for o in accepted_options(s)))
 ENGINE_KEYWORDS = ("strategy", "seed", "backend", "cuda_graphs")
 # Named in the signature so that HF hands it to the hook: transformers drops `tokenizer=` before a callable
 # custom_generate and would otherwise stop the call with advice that cannot work ("pass the tokenizer").
@@ -224,9 +223,9 @@ def _generate(model, input_ids, logits_processor, stopping_criteria, generation_
     draft = draft if draft is not None else assistant
     strategy = ours.pop("strategy", None)
     if strategy is not None and not isinstance(strategy, str):
-        fail("strategy= names a strategy here (" + ", ".join(STRATEGIES) + ")", TypeError)
-    if strategy is not None and strategy not in STRATEGIES:
-        fail(f"unknown strategy {strategy!r}; available: {', '.join(STRATEGIES)}")
+        fail("strategy= names a strategy here (" + ", ".join(strategies.names()) + ")", TypeError)
+    if strategy is not None and strategy not in strategies.STRATEGIES:
+        fail(f"unknown strategy {strategy!r}; available: {', '.join(strategies.names())}")
     engine = {k: ours.pop(k) for k in ("seed", "backend", "cuda_graphs") if k in ours}
     options = dict(ours)
     assisted = Assisted(model, config, caller.get("kwargs", {}), draft, strategy, options, fail)

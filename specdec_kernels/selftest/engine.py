@@ -60,10 +60,10 @@ def _decode(pair, batch: dict, name: str, backend: str, graphs: bool, max_new: i
     """Our engine's new tokens [B, max_new] for one batch."""
     import specdec_kernels
 
-    from ..demo import TREE
+    from ..demo import rows
 
     out = specdec_kernels.generate(pair.target, batch["input_ids"], attention_mask=batch["attention_mask"],
-                                   strategy="speculative" if name == TREE else name, backend=backend,
+                                   strategy=rows()[name][0], backend=backend,
                                    cuda_graphs=graphs, max_new_tokens=max_new, pad_token_id=pair.tokenizer.pad_token_id,
                                    eos_token_id=[], **pair.options[name])
     sync(batch["input_ids"].device)
@@ -85,9 +85,10 @@ def solo_greedy(pair, prompts, max_new: int, device: torch.device) -> list[torch
 
 
 def _strategies(pair) -> list[str]:
-    from ..demo import STRATEGIES, TREE
+    """The demo's rows (every strategy of the table, each tree form after its chain): what the check runs."""
+    from ..demo import rows
 
-    return [n for name in STRATEGIES for n in ((name, TREE) if name == "speculative" else (name,))]
+    return list(rows())
 
 
 def run_engine(plan, backends: tuple, record: Callable[[Result], None]) -> None:
