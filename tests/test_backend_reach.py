@@ -22,8 +22,10 @@ import torch
 import specdec_kernels
 from specdec_kernels import ops
 from specdec_kernels.common import registry
-from specdec_kernels.decoding import clear_graph_cache, graphs
+from specdec_kernels.decoding import LookupCache, clear_graph_cache, graphs
 from specdec_kernels.decoding.engine import graphs_supported
+from specdec_kernels.decoding.strategies import STRATEGIES as STRATEGY_TABLE
+from specdec_kernels.demo import rows
 from specdec_kernels.hf import SpecCache
 
 from default_models_support import make_tiny_default_models
@@ -32,15 +34,22 @@ from test_graph_sessions import FakeGraphs
 
 NEW = 3  # tokens per call: the first step is already a whole step (draft, verify, rollback/compact)
 
-# strategy options, and the ops (by the kernel that runs them) each must reach besides tree_attention
+# each demo row's options, and the ops (by the kernel that runs them) it must reach besides tree_attention:
+# the one list of strategy names the tests keep (tests/test_strategy_table.py), checked to cover every row
 STRATEGIES = {
     "plain": ({}, ()),
     "speculative": ({"num_draft_tokens": 2}, ("greedy_verify", "kv_rollback")),
-    "speculative_tree": ({"num_draft_tokens": 2, "tree_topk": 2, "tree_nodes": 3}, ("tree_greedy_verify", "kv_compact")),
+    "speculative tree": ({"num_draft_tokens": 2, "tree_topk": 2, "tree_nodes": 3}, ("tree_greedy_verify", "kv_compact")),
     "specdec": ({"block_size": 2}, ("relaxed_verify", "kv_rollback")),
     # threshold 0: the small model never falls back, so every step drafts (max_prob) and verifies
     "bild": ({"fallback_threshold": 0.0, "max_small_run": 2}, ("max_prob", "bild_verify", "kv_rollback")),
     "ppd": ({"k": 2}, ("early_exit_topk", "kv_compact")),
+    # random prompts never repeat themselves: the torch call's output, kept in the row's LookupCache, is
+    # what the triton call (same prompts) drafts from; one earlier continuation makes a tree of one path,
+    # which lookup verifies with the chain ops
+    "lookup": ({"num_draft_tokens": 2, "lookup_cache": LookupCache()}, ("greedy_verify", "kv_rollback")),
+    "lookup tree": ({"num_draft_tokens": 2, "tree_nodes": 3, "lookup_cache": LookupCache()},
+                    ("greedy_verify", "kv_rollback")),
 }
 
 
@@ -116,11 +125,15 @@ def expected_backend(kernel: str, backend: str) -> str:
     return backend if backend in ops.implemented_backends(kernel) else "torch"
 
 
+def test_cases_cover_every_row():
+    assert set(STRATEGIES) == set(rows())
+
+
 def run(models, prompts, name: str, backend: str, **kwargs):
     options, _ = STRATEGIES[name]
-    strategy = "speculative" if name == "speculative_tree" else name
-    partner = {"speculative": {"draft_model": models.draft}, "bild": {"draft_model": models.draft},
-               "specdec": {"drafter": models.specdec_drafter}}.get(strategy, {})
+    strategy = rows()[name][0]
+    needs = STRATEGY_TABLE[strategy].partner  # the second model it cannot run without, from the tiny set
+    partner = {needs.keyword: getattr(models, needs.part)} if needs is not None and needs.required else {}
     ids, mask = prompts
     return specdec_kernels.generate(models.target, ids, attention_mask=mask, strategy=strategy, max_new_tokens=NEW,
                                     eos_token_id=[], backend=backend, **partner, **options, **kwargs)
@@ -138,6 +151,7 @@ def test_every_op_of_a_step_runs_on_the_named_backend(models, prompts, spy, name
     assert not stray, f"backend='triton' did not reach these calls (op, kernel, resolved): {sorted(set(stray))}"
     required = {"tree_attention", *STRATEGIES[name][1]}
     assert required <= spy.kernels(), f"never called: {sorted(required - spy.kernels())}"
+    assert out.stats.drafted_tokens > 0 or not STRATEGIES[name][1]  # the ops ran on drafts, not on empty steps
     assert torch.equal(out.sequences, torch_out.sequences)
 
 

@@ -19,9 +19,10 @@ from default_models_support import save_tiny_default_models
 import specdec_kernels
 from specdec_kernels import cli
 from specdec_kernels.cli_progress import Progress
+from specdec_kernels.decoding import strategies
 from test_demo import user_checkpoint
 
-STRATEGIES = ("plain", "speculative", "specdec", "bild", "ppd", "lookup")
+STRATEGIES = strategies.names()  # every strategy of the table
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specdec_kernels import custom_generate
-from specdec_kernels.demo import load_pair
+from specdec_kernels.demo import load_pair, rows
 
 PROMPTS = ["def fibonacci(n):\n    ", "import os\n", "class Stack:\n    def __init__(self):\n        ",
            "for i in range(10):\n"]
@@ -41,7 +41,7 @@ def hf_alone(pair, prompt, **kwargs):
 def keywords(pair, name):
     """The HF-side keywords of strategy `name` at its lossless settings: the draft as assistant_model."""
     options = dict(pair.options[name])
-    strategy = "speculative" if name == "speculative tree" else name
+    strategy = rows()[name][0]  # a demo row's label -> its strategy
     draft = options.pop("draft_model", None)
     if draft is not None:
         options["assistant_model"] = draft
@@ -55,7 +55,7 @@ def greedy_references(pair):
     return [hf_alone(pair, prompt, do_sample=False) for prompt in PROMPTS]
 
 
-@pytest.mark.parametrize("name", ["speculative", "speculative tree", "specdec", "bild", "ppd", "plain"])
+@pytest.mark.parametrize("name", list(rows()))  # every strategy of the table, and its tree form
 def test_greedy_equals_the_targets_generate_row_by_row(pair, greedy_references, name):
     if name not in pair.options:
         pytest.skip(pair.skipped.get(name, "not in this set"))

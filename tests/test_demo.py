@@ -16,7 +16,8 @@ from specdec_kernels import cli
 from specdec_kernels import demo as demo_module
 from specdec_kernels.defaults import default_models_available
 
-STRATEGIES = ("speculative", "speculative tree", "specdec", "bild", "ppd", "lookup", "lookup tree")  # trees follow chains
+# every row but plain's (its label differs): each strategy of the table, its tree form after its chain
+STRATEGIES = tuple(label for label in demo_module.rows() if label != "plain")
 PLAIN = "plain (our engine, no draft)"  # the demo's label of strategy "plain"
 TABLE_HEADER = "| strategy | tokens/s | speedup vs greedy | mean accepted tokens per target forward | acceptance rate"
 
@@ -102,7 +103,7 @@ def test_user_pair_without_drafter_skips_specdec_and_uses_head_n(tiny_set, tmp_p
     args = argparse.Namespace(models=None, target=str(user_checkpoint(tiny_set, tmp_path)),
                               draft=str(tiny_set / "draft"), specdec_drafter=None)
     pair = demo_module.load_pair(args, torch.device("cpu"), torch.float32)
-    assert set(pair.options) == {"plain", "speculative", "speculative tree", "bild", "ppd", "lookup", "lookup tree"}
+    assert set(pair.options) == set(demo_module.rows()) - {"specdec"}  # every row but the one needing a drafter
     assert pair.options["ppd"]["head"] == "N"
     assert "--specdec-drafter" in pair.skipped["specdec"]
 

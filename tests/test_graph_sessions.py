@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_leaves
 import specdec_kernels
 from specdec_kernels.decoding import SpeculativeDecoder, clear_graph_cache
 from specdec_kernels.decoding import graphs
+from specdec_kernels.demo import lossless_options, rows
 from specdec_kernels.models import SpecDecDrafter
 from specdec_kernels.models.specdec_drafter import SpecDecDrafterConfig
 
@@ -259,19 +260,14 @@ def drafter():
     return SpecDecDrafter(config).eval()
 
 
-STRATEGIES = {
-    "plain": lambda pair: {},
-    "bild": lambda pair: {"draft_model": pair[1], "rollback_rule": "exact", "fallback_threshold": 0.3,
-                          "max_small_run": 3},
-    "specdec": lambda pair: {"drafter": drafter(), "top_beta": 1},
-    "ppd": lambda pair: {"k": 2},
-}
-
-
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
-def test_every_exact_strategy_replays_kept_graphs(pair, fake, name):
+@pytest.mark.parametrize("label", list(rows()))
+def test_every_strategy_at_its_lossless_settings_replays_kept_graphs(pair, fake, label):
+    """Every row of the demo (each strategy of the table, its tree form too) at its lossless settings."""
     target = pair[0]
-    options = STRATEGIES[name](pair)  # one drafter object for both calls (its identity is in the key)
+    name, form = rows()[label]
+    options, skipped = lossless_options({"draft": pair[1], "specdec_drafter": drafter()}, target)
+    assert not skipped
+    options = {**options[name], **form}  # one drafter object for both calls (its identity is in the key)
 
     def run(ids, mask):
         return specdec_kernels.generate(target, ids, attention_mask=mask, strategy=name, max_new_tokens=NEW,

@@ -14,6 +14,7 @@ import torch
 
 from specdec_kernels import cli, ops, reference, selftest
 from specdec_kernels.common import registry
+from specdec_kernels.demo import rows as demo_rows
 from specdec_kernels.selftest import runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,9 +56,9 @@ def test_dev_mode_subset_passes_and_writes_the_matrix(tmp_path):
     assert set(matrix) == {"greedy_verify", "kv_rollback", "engine"}
     assert matrix["greedy_verify"]["triton"]["pass"] == len(tiny_cases("greedy_verify"))  # interpreted Triton
     assert matrix["kv_rollback"]["torch"]["pass"] >= 1
-    # plain, speculative (chain and tree), specdec, bild, ppd vs HF greedy of each prompt alone; the bfloat16
-    # graphs-vs-eager check needs CUDA graphs
-    assert matrix["engine"]["torch"] == {"pass": 6, "fail": 0, "skip": 1}
+    # every row of the demo (each strategy of the table, its tree form too) vs HF greedy of each prompt
+    # alone; the bfloat16 graphs-vs-eager check needs CUDA graphs
+    assert matrix["engine"]["torch"] == {"pass": len(demo_rows()), "fail": 0, "skip": 1}
     assert all(check["status"] == "pass" for check in result["checks"] if check["dtype"] != "bfloat16")
     logged = [json.loads(line) for line in lines.read_text().splitlines()]
     assert logged[0]["header"] == result["header"] and logged[1:] == result["checks"]
@@ -194,8 +195,8 @@ def test_engine_check_runs_graphs_and_bfloat16_where_graphs_run():
         graphs.clear_graph_cache()
     cases = [r.case for r in results if r.dtype == "float32"]
     assert all(r.status == "pass" for r in results), [(r.case, r.message) for r in results if r.status != "pass"]
-    assert sum("eager B=3" in c for c in cases) == sum("cuda graphs B=3" in c for c in cases) == 6
-    assert sum(r.dtype == "bfloat16" and "graphs vs eager" in r.case for r in results) == 6
+    assert sum("eager B=3" in c for c in cases) == sum("cuda graphs B=3" in c for c in cases) == len(demo_rows())
+    assert sum(r.dtype == "bfloat16" and "graphs vs eager" in r.case for r in results) == len(demo_rows())
 
 
 def test_engine_check_names_the_row_that_differs_from_its_prompt_alone(monkeypatch):
@@ -214,7 +215,7 @@ def test_engine_check_names_the_row_that_differs_from_its_prompt_alone(monkeypat
     results = []
     engine.run_engine(_engine_plan(), ("torch",), results.append)
     failed = [r for r in results if r.status == "fail"]
-    assert len(failed) == 6, [(r.case, r.status) for r in results]
+    assert len(failed) == len(demo_rows()), [(r.case, r.status) for r in results]
     assert all("1 of 3 rows differ" in r.message and "row 1: first differs at new token 3" in r.message
                for r in failed), failed[0].message
 
