@@ -12,6 +12,7 @@ from .api import generate
 from .bild import BildDecoder
 from .drafter import Drafter
 from .graphs import clear_graph_cache
+from .hidden_states import FINAL_NORM
 from .lookup import LookupDecoder
 from .lookup_cache import LookupCache
 from .output import GenerateOutput, Stats
@@ -23,7 +24,7 @@ from .step import Accepted, Proposal, StepPlan
 from .strategies import STRATEGIES
 from .verifier import Verification, Verifier
 
-__all__ = ["Accepted", "BildDecoder", "ChainSpeculative", "Drafter", "GenerateOutput", "LookupCache",
+__all__ = ["Accepted", "BildDecoder", "ChainSpeculative", "Drafter", "FINAL_NORM", "GenerateOutput", "LookupCache",
            "LookupDecoder", "PPDDecoder", "PlainDecoder", "Proposal", "STRATEGIES", "SpecDecDecoder",
            "SpeculativeDecoder", "Stats", "StepPlan", "TreeSpeculative", "Verification", "Verifier",
            "clear_graph_cache", "generate"]

@@ -1,5 +1,5 @@
 """The interface between the engine and a drafter: what a drafter supplies (its model and caches, its
-proposals) and what it leaves to the engine (the target's forward and
+proposals, the target layers it reads) and what it leaves to the engine (the target's forward and
 cache, the one Verifier, batching, stopping, statistics). docs/design.md says how a drafter is written.
 """
 
@@ -34,6 +34,13 @@ class Drafter(abc.ABC):
         """specdec_kernels.generate(target, input_ids, strategy=self, **kwargs)."""
         return decode(self.target_model, self, input_ids, **kwargs)
 
+    def target_layers(self) -> tuple:
+        """The target's hidden states this drafter reads (engine.hidden, hidden_states.py): decoder-layer
+        indices (0-based: the output of layers[i], HF's hidden_states[i + 1]) and/or
+        hidden_states.FINAL_NORM (the final norm's output, what the LM head reads). Asked once, before
+        the prefill."""
+        return ()
+
     def start(self, engine) -> None:
         """Prepare the draft side for engine's batch (adapters, caches, prefill)."""
 
@@ -47,8 +54,8 @@ class Drafter(abc.ABC):
         """The next step's drafts (and the q they were drawn from when sampling needs it)."""
 
     def commit(self, engine, proposal: Proposal, accepted: Accepted) -> None:
-        """Keep what the step accepted in the drafter's own caches (the engine keeps the target's before
-        this is called)."""
+        """Keep what the step accepted in the drafter's own caches (the engine keeps the target's, and
+        the target's hidden states of the accepted positions, before this is called)."""
 
     def end_step(self, engine, all_accepted: bool, kept_rows: Tensor | None) -> None:
         """Host-side, after each step: adapt the draft length; kept_rows (eager mode) are the rows that

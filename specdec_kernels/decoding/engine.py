@@ -19,6 +19,7 @@ from .. import ops
 from ..common import validate as check
 from ..reference.tree import tree_depths
 from . import graphs as graph_store
+from .hidden_states import FINAL_NORM, TargetStates
 from .output import GenerateOutput, Stats
 from .standardize import Sampling
 from .step import Accepted, Proposal, StepPlan
@@ -227,10 +228,16 @@ class Engine:
         fit = (lambda ids: ids) if max_id is None else (lambda ids: ids.clamp(max=max_id))
         if self.encoder_decoder:
             adapter.encode(fit(self.input_ids), cache, attention_mask=self.source_mask)
-        if whole_prompt:
-            self.prefill_logits = adapter.prefill(fit(self.prompts), cache, self.prompt_lengths, logits="last")
-        elif self.prompts.shape[1] > 1:
-            adapter.prefill(fit(self.prompts[:, :-1]), cache, self.prompt_lengths - 1, logits=False)
+        lengths = self.prompt_lengths if whole_prompt else self.prompt_lengths - 1
+        target = adapter is self.target  # its forward hands the drafter the prompt's hidden states
+        writing = self.hidden.writing_prefill(lengths) if target else contextlib.nullcontext()
+        norm_all = target and FINAL_NORM in self.hidden.layers
+        with writing:
+            if whole_prompt:
+                self.prefill_logits = adapter.prefill(fit(self.prompts), cache, lengths, logits="last",
+                                                      norm_all=norm_all)
+            elif self.prompts.shape[1] > 1:
+                adapter.prefill(fit(self.prompts[:, :-1]), cache, lengths, logits=False, norm_all=norm_all)
         return cache
 
     def folds_first_step(self) -> bool:
@@ -245,6 +252,9 @@ class Engine:
         batch, width = self.prompts.shape[0], self.drafter.max_width + 1
         self.folded = self.folds_first_step()
         self.step = StepPlan(0)  # a folded first token is a step without drafts
+        # the hooks go on before the prefill (the drafter reads the prompt's states) and before any
+        # warm-up or capture of a verify step (their copies are part of the captured step)
+        self.hidden = TargetStates(self, self.drafter.target_layers())
         self.cache = self.new_cache(self.target, "target", whole_prompt=self.folded)
         last = (self.prompt_lengths - 1).unsqueeze(1)
         keep, device = self.keep, self.device
@@ -285,11 +295,13 @@ class Engine:
 
     def verify_step(self, tokens: Tensor, probs: Tensor | None, num_draft: Tensor | None,
                     extra: Tensor | None, parents: Tensor | None) -> Tensor:
-        """Target forward over [root, drafts], the verifier's verdict, the caches' commit (the target's
-        KV, the drafter's own) and the row bookkeeping, all on the device; returns the flags the host reads."""
+        """Target forward over [root, drafts], the verifier's verdict, the caches' commit (target KV, the
+        hidden states the drafter reads, the drafter's own) and the row bookkeeping, all on the device;
+        returns the flags the host reads."""
         proposal = Proposal(tokens, probs, num_draft, extra, parents)
         fed = self.root.unsqueeze(1) if tokens.shape[1] == 0 else torch.cat([self.root.unsqueeze(1), tokens], dim=1)
-        logits = self.target.verify(fed, self.cache, parents)
+        with self.hidden.writing_step():
+            logits = self.target.verify(fed, self.cache, parents)
         accepted = self.verifier(proposal, self.early_eos_banned(logits, parents), self.rows())
         if self.graphs.enabled:  # finished rows stay in the batch: their lengths must not move
             before = self.cache.seq_lens.clone()
@@ -297,6 +309,7 @@ class Engine:
             self.cache.seq_lens.copy_(torch.where(self.finished, before, self.cache.seq_lens))
         else:  # eager: finished rows were dropped after the step that finished them, so every row is active
             self.commit_target(proposal, accepted)
+        self.hidden.keep_accepted(accepted.nodes, accepted.num_accepted, self.finished)
         self.drafter.commit(self, proposal, accepted)
         self.advance_cursor()
         self.record(accepted.tokens, accepted.num_accepted, num_draft)
@@ -412,6 +425,8 @@ class Engine:
             raise
         finally:
             session.busy = False
+            if hasattr(self, "hidden"):  # setup made it: the target's modules lose this call's hooks
+                self.hidden.close()
 
     def loop(self) -> GenerateOutput:
         self.captured_before = self.graphs.captured
@@ -497,6 +512,7 @@ class Engine:
         self.store_rows(~keep)
         index = keep.nonzero().squeeze(1)
         self.cache.select_rows(index)
+        self.hidden.select_rows(index)
         for name in ("root", "prev", "generated", "num_generated", "finished", "seeds", "cursor", "row_ids"):
             setattr(self, name, getattr(self, name).index_select(0, index))
         self.flags = self.flags.new_zeros(index.numel() + 1)

@@ -151,22 +151,26 @@ class ModelAdapter(abc.ABC):
         return self.continue_from(self.start(tokens, cache, parents))
 
     def prefill(self, input_ids: Tensor, cache: SpecCache, lengths: Tensor | None = None, *,
-                logits: bool | str = True) -> Tensor | None:
+                logits: bool | str = True, norm_all: bool = False) -> Tensor | None:
         """Prompts, right-padded to [B, P], as one chain after each row's cached tokens; then
         each row keeps its true length (`lengths` [B] int64, default P). [B, P, V] logits:
         row b's next-token logits are at lengths[b] - 1. logits="last": [B, 1, V], only those
         (the LM head on B positions: what a decode loop reads). logits=False fills the cache only
         and returns None (the decoding engine's prefill feeds every prompt token but the last,
-        whose logits it never reads)."""
+        whose logits it never reads). norm_all: the final norm runs on every position whatever
+        logits says (a drafter reads its output through a hook; HF's model norms every position too)."""
         hidden = self.run_layers(self.start(input_ids, cache)).hidden
         if lengths is not None and not isinstance(lengths, Tensor):
             lengths = torch.as_tensor(lengths, dtype=torch.int64, device=cache.seq_lens.device)
+        head = self.logits
+        if norm_all:
+            hidden, head = self.final_norm(hidden), self.lm_head
         if logits == "last":
             if lengths is not None:
                 last = (lengths - 1).view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])
                 hidden = hidden.gather(1, last)
             else:
                 hidden = hidden[:, -1:]
-        out = self.logits(hidden) if logits else None
+        out = head(hidden) if logits else None
         cache.commit(input_ids.shape[1] if lengths is None else lengths)
         return out
