@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from specdec_kernels.demo import rows as demo_rows
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -105,7 +107,8 @@ def test_the_first_call_dry_run_leaves_its_eight_files(tmp_path):
     assert ops_run[-1] == "engine"
     if changes["changed"]:  # the changed ops first, in gpu_changes.py's order
         assert ops_run[0] == changes["changed"][0].split("/")[0]
-    assert sum(row["status"] == "pass" for row in checks if row.get("op") == "engine") == 6  # every strategy vs HF
+    # every row of the demo (each strategy of the table, its tree form too) vs HF
+    assert sum(row["status"] == "pass" for row in checks if row.get("op") == "engine") == len(demo_rows())
     probe = records(tmp_path / "probe.jsonl")
     assert {row["section"] for row in probe} == {"facts", "verify", "attention", "kv", "exit", "targets", "questions",
                                                  "done"}
