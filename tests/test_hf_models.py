@@ -87,7 +87,7 @@ def test_unsupported_model_type_names_the_supported_ones():
     from transformers import OPTConfig, OPTForCausalLM
     model = OPTForCausalLM(OPTConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
                                      num_attention_heads=2, word_embed_proj_dim=16))
-    with pytest.raises(ValueError, match="'opt' is not supported; supported: bart, gpt2, llama, mistral, qwen2, qwen3"):
+    with pytest.raises(ValueError, match="'opt' is not supported; supported: bart, ernie4_5_moe, glm4_moe, gpt2, llama, mistral, qwen2, qwen3"):
         hf.adapt(model)
 
 

@@ -11,7 +11,7 @@ class RotaryDecoderAdapter(ModelAdapter):
     """`*ForCausalLM` with `model.embed_tokens`, `model.layers`, `model.norm`, `model.rotary_emb`:
     each layer takes the rotary (cos, sin) of the rows' own position ids."""
 
-    model_types = ("llama", "mistral", "qwen2", "qwen3")
+    model_types = ("llama", "mistral", "qwen2", "qwen3", "glm4_moe", "ernie4_5_moe")  # the last two: strategy mtp
 
     def __init__(self, model: torch.nn.Module):
         super().__init__(model)
