@@ -40,13 +40,19 @@ MISSING = {"draft": "needs a draft model (--draft PATH)",
            "specdec_drafter": "needs a trained SpecDec drafter (--specdec-drafter PATH; see train_specdec_drafter)"}
 
 
-def rows() -> dict:
-    """The demo's rows (also the selftest's engine checks): label -> (strategy, options of the row's form),
-    every strategy of the table in its order, a token-tree form right after its chain ("NAME tree")."""
+def strategies() -> tuple:
+    """The table's strategies that run on any target (the demo's models): all but those drafting with the
+    target's own modules (mtp), which the default models lack."""
     from .decoding.strategies import TABLE
 
+    return tuple(s for s in TABLE if s.target is None)
+
+
+def rows() -> dict:
+    """The demo's rows (also the selftest's engine checks): label -> (strategy, options of the row's form),
+    every strategy of strategies() in the table's order, a token-tree form right after its chain ("NAME tree")."""
     out = {}
-    for strategy in TABLE:
+    for strategy in strategies():
         out[strategy.name] = (strategy.name, {})
         if strategy.tree is not None:
             out[f"{strategy.name} tree"] = (strategy.name, strategy.tree)
@@ -101,6 +107,9 @@ def lossless_options(parts: dict, target) -> tuple[dict, dict]:
 
     options, skipped = {}, {}
     for strategy in TABLE:
+        if strategy.runs_on is not None and not strategy.runs_on(target):
+            skipped[strategy.name] = f"needs {strategy.target}"
+            continue
         chosen = dict(strategy.lossless)
         partner = strategy.partner
         if partner is not None:
@@ -139,8 +148,8 @@ def load_pair(args, device: torch.device, dtype: torch.dtype, *, draft_required:
         models = load_default_models(root, device=device, dtype=dtype)
     except FileNotFoundError as error:  # names the missing parts
         fail(str(error))
-    options, _ = lossless_options({part: getattr(models, part) for part in PARTS}, models.target)
-    return Pair(models.tokenizer, models.target, options, source=str(root))
+    options, skipped = lossless_options({part: getattr(models, part) for part in PARTS}, models.target)
+    return Pair(models.tokenizer, models.target, options, skipped, source=str(root))
 
 
 def _user_pair(args, device, dtype, fail=fail) -> Pair:
@@ -183,13 +192,11 @@ def _user_pair(args, device, dtype, fail=fail) -> Pair:
 
 def settings_line() -> str:
     """The lossless settings every row runs with, beside each strategy's defaults (the table's)."""
-    from .decoding.strategies import TABLE
-
     def spelled(options: dict) -> str:
         return ", ".join(f"{key}={value!r}" for key, value in options.items()) or "its defaults"
 
     return "Lossless settings: " + "; ".join(
-        f"{s.name} {spelled(s.lossless)}" + (f" (tree: {spelled(s.tree)})" if s.tree else "") for s in TABLE)
+        f"{s.name} {spelled(s.lossless)}" + (f" (tree: {spelled(s.tree)})" if s.tree else "") for s in strategies())
 
 
 def first_line(error: BaseException) -> str:

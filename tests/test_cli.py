@@ -19,10 +19,11 @@ from default_models_support import save_tiny_default_models
 import specdec_kernels
 from specdec_kernels import cli
 from specdec_kernels.cli_progress import Progress
-from specdec_kernels.decoding import strategies
+from specdec_kernels import demo
 from test_demo import user_checkpoint
 
-STRATEGIES = strategies.names()  # every strategy of the table
+# every strategy of the table that runs on the default models (mtp needs a target with MTP layers: test_decoding_mtp)
+STRATEGIES = tuple(s.name for s in demo.strategies())
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +116,7 @@ def cli_error(args: list[str]) -> str:
     (["--device", "cpu:1"], "--device cpu:1: the CPU takes no index"),
     (["--device", "mps"], "--device mps: expected cpu, cuda or cuda:N"),
     (["--threads", "0"], "--threads 0: expected a positive number"),
+    (["--strategy", "mtp"], "strategy mtp needs a target whose config has num_mtp_layers"),
     # the tiny target has 1,024 positions; a rotary model would decode past them without a word
     (["--max-new-tokens", "1024"], "the longest prompt (1 tokens) + max_new_tokens (1024) = 1025 positions exceeds "
                                    "the target model's 1024 (config.max_position_embeddings)"),

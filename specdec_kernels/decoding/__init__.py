@@ -15,6 +15,7 @@ from .graphs import clear_graph_cache
 from .hidden_states import FINAL_NORM
 from .lookup import LookupDecoder
 from .lookup_cache import LookupCache
+from .mtp import MtpDrafter
 from .output import GenerateOutput, Stats
 from .plain import PlainDecoder
 from .ppd import PPDDecoder
@@ -25,6 +26,6 @@ from .strategies import STRATEGIES
 from .verifier import Verification, Verifier
 
 __all__ = ["Accepted", "BildDecoder", "ChainSpeculative", "Drafter", "FINAL_NORM", "GenerateOutput", "LookupCache",
-           "LookupDecoder", "PPDDecoder", "PlainDecoder", "Proposal", "STRATEGIES", "SpecDecDecoder",
+           "LookupDecoder", "MtpDrafter", "PPDDecoder", "PlainDecoder", "Proposal", "STRATEGIES", "SpecDecDecoder",
            "SpeculativeDecoder", "Stats", "StepPlan", "TreeSpeculative", "Verification", "Verifier",
            "clear_graph_cache", "generate"]

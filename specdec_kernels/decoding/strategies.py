@@ -17,6 +17,7 @@ from .bild import BildDecoder
 from .drafter import Drafter
 from .engine import OP
 from .lookup import LookupDecoder
+from .mtp import MtpDrafter, has_mtp_layers
 from .plain import PlainDecoder
 from .ppd import PPDDecoder, head_options
 from .specdec import SpecDecDecoder
@@ -44,7 +45,9 @@ class Strategy:
     example (docs/generate.md), page (the strategy's page, under docs/) and title (its links' text). What runs it without a user's
     settings: partner (the second model it needs, if any), lossless (options that make it lossless:
     the demo's and the selftest's), tree (options of its token-tree form, a second demo row), and
-    draft_length (the option HF's num_assistant_tokens sets, if any)."""
+    draft_length (the option HF's num_assistant_tokens sets, if any); target and runs_on: what the target
+    itself must have and its test (target -> bool), for a strategy that drafts with the target's own modules
+    (mtp), or None: any target (only those are demo and selftest rows, which run the default models)."""
 
     name: str
     drafter: type
@@ -59,6 +62,8 @@ class Strategy:
     lossless: dict = field(default_factory=dict)
     tree: dict | None = None
     draft_length: str | None = None
+    target: str | None = None
+    runs_on: Callable | None = None
 
     @property
     def options(self) -> dict:
@@ -109,6 +114,12 @@ TABLE = (
              rule="greedy: exact match; sampling: one-hot drafts, chain or tree rejection sampling",
              lossless_when="yes", example="`LookupDecoder(target, num_draft_tokens=10, max_ngram=3)` (no draft model)",
              tree=dict(tree_nodes=16)),
+    Strategy("mtp", MtpDrafter, "strategies/mtp.md", title="MTP", paper="DeepSeek-V3 multi-token prediction (HF's `use_mtp`)",
+             draft_source="the target's own MTP layers (transformers' `MtpModel`), reading its final hidden states",
+             rule="greedy: exact match; sampling: chain rejection sampling", lossless_when="yes",
+             example="`MtpDrafter(target)` (a target whose config has `num_mtp_layers`)",
+             draft_length="num_draft_tokens", target="a target whose config has num_mtp_layers (GLM-4-MoE, ERNIE 4.5 MoE)",
+             runs_on=has_mtp_layers),
 )
 STRATEGIES: dict[str, Strategy] = {strategy.name: strategy for strategy in TABLE}
 

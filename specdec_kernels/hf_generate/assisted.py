@@ -70,6 +70,15 @@ class Assisted:
                 fail("max_matching_ngram_size applies to prompt lookup: pass prompt_lookup_num_tokens (or "
                      "strategy='lookup')")
             self.set("max_ngram", ngram, "max_matching_ngram_size")
+        if getattr(config, "use_mtp", False):  # HF's MTP drafting: strategy mtp, at any batch size
+            if draft is not None or strategy not in (None, "mtp"):
+                fail("use_mtp runs strategy 'mtp', whose drafts are the target's own MTP layers: pass no "
+                     f"assistant_model / draft_model and no other strategy (got strategy={strategy!r})")
+            text = model.config.get_text_config()
+            if not getattr(text, "num_mtp_layers", None):
+                fail(f"use_mtp=True needs a model whose config has num_mtp_layers (got model type "
+                     f"{model.config.model_type!r} without them)")
+            strategy = "mtp"
         self.strategy = strategy or ("speculative" if draft is not None else "plain")
         length, schedule = read("num_assistant_tokens"), read("num_assistant_tokens_schedule")
         if length is not None:

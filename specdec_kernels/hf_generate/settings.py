@@ -49,7 +49,7 @@ SETTINGS = {
     "assistant_lookbehind": (REFUSED, "assistants with another tokenizer are not supported"),
     "target_lookbehind": (REFUSED, "assistants with another tokenizer are not supported"),
     "speculation_type": (REFUSED, "HF's DFlash drafting"),
-    "use_mtp": (REFUSED, "multi-token-prediction drafting"),
+    "use_mtp": (MAPPED, "strategy 'mtp': the target's own multi-token-prediction layers draft (any batch size)"),
     # decoding modes the engine does not run
     "num_beams": (REFUSED, "beam search"),
     "num_beam_groups": (REFUSED, "group beam search"),
@@ -105,7 +105,7 @@ CHECKED = {
     "num_beams": (1,), "num_beam_groups": (1,), "diversity_penalty": (0.0,), "penalty_alpha": (0.0,),
     "dola_layers": (), "constraints": (), "force_words_ids": (), "num_return_sequences": (1,),
     "output_scores": (False,), "output_logits": (False,), "output_attentions": (False,),
-    "output_hidden_states": (False,), "use_mtp": (False,), "speculation_type": (),
+    "output_hidden_states": (False,), "speculation_type": (),
     "assistant_early_exit": (), "assistant_ensemble_weight": (),
 }
 
