@@ -146,6 +146,34 @@ def test_kept_graphs_replay_the_mtp_steps(model):
         clear_graph_cache()
 
 
+@pytest.mark.parametrize("graphs_on", [False, True], ids=["eager", "fake_graphs"])
+def test_rows_ending_at_eos_at_different_steps(model, graphs_on):
+    """Rows finish at different steps: eager runs drop them (the MTP cache and fed tokens drop theirs too), kept
+    graphs freeze them; every row is still its greedy output, cut at EOS."""
+    from specdec_kernels.decoding import clear_graph_cache, graphs
+    from test_graph_sessions import FakeGraphs
+
+    ids, mask = left_padded([5, 1, 7, 3], seed=3)
+    alone = [ids[row, mask[row].bool()].unsqueeze(0) for row in range(4)]
+    eos = int(greedy(model, alone[0])[0, alone[0].shape[1] + 3])  # row 0 ends at its 4th new token (or sooner)
+    clear_graph_cache()
+    try:
+        with graphs.use_backend(FakeGraphs()):
+            out = specdec_kernels.generate(model, ids, attention_mask=mask, strategy="mtp", num_draft_tokens=2,
+                                           max_new_tokens=NEW, pad_token_id=0, eos_token_id=eos, cuda_graphs=graphs_on)
+    finally:
+        clear_graph_cache()
+    lengths = []
+    for row in range(4):
+        model.set_attn_implementation("sdpa")
+        want = model.generate(alone[row], max_new_tokens=NEW, do_sample=False, eos_token_id=eos,
+                              pad_token_id=0)[0, alone[row].shape[1]:]
+        got = out.sequences[row, ids.shape[1]:]
+        assert torch.equal(got[:len(want)], want) and bool((got[len(want):] == 0).all()), row
+        lengths.append(len(want))
+    assert min(lengths) < max(lengths)  # rows ended at different steps
+
+
 class Recording(MtpDrafter):
     """Records each step's first draft with its row and the position it drafts for."""
 
