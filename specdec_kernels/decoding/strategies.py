@@ -114,12 +114,13 @@ TABLE = (
              rule="greedy: exact match; sampling: one-hot drafts, chain or tree rejection sampling",
              lossless_when="yes", example="`LookupDecoder(target, num_draft_tokens=10, max_ngram=3)` (no draft model)",
              tree=dict(tree_nodes=16)),
-    Strategy("mtp", MtpDrafter, "strategies/mtp.md", title="MTP", paper="DeepSeek-V3 multi-token prediction (HF's `use_mtp`)",
+    Strategy("mtp", MtpDrafter, "strategies/mtp.md", title="MTP",
+             paper="DeepSeek-V3 multi-token prediction (HF's `use_mtp`)",
              draft_source="the target's own MTP layers (transformers' `MtpModel`), reading its final hidden states",
              rule="greedy: exact match; sampling: chain rejection sampling", lossless_when="yes",
              example="`MtpDrafter(target)` (a target whose config has `num_mtp_layers`)",
-             draft_length="num_draft_tokens", target="a target whose config has num_mtp_layers (GLM-4-MoE, ERNIE 4.5 MoE)",
-             runs_on=has_mtp_layers),
+             draft_length="num_draft_tokens",
+             target="a target whose config has num_mtp_layers (GLM-4-MoE, ERNIE 4.5 MoE)", runs_on=has_mtp_layers),
 )
 STRATEGIES: dict[str, Strategy] = {strategy.name: strategy for strategy in TABLE}
 
