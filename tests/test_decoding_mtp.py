@@ -272,3 +272,20 @@ def test_bad_options_are_refused_in_one_line(small):
         specdec_kernels.generate(small, ids, strategy="mtp", verification="tree", max_new_tokens=2)
     with pytest.raises(ValueError, match=r"use_mtp runs strategy 'mtp'.*strategy='lookup'"):
         small.generate(ids, custom_generate=custom_generate, use_mtp=True, strategy="lookup", max_new_tokens=2)
+
+
+def test_custom_generate_maps_the_draft_length_and_sampling(small):
+    """HF's num_assistant_tokens sets the MTP drafter's num_draft_tokens; a sampled use_mtp call is the sampled
+    strategy with the same seed (HF's default top_k=50 applies when sampling, as HF applies it)."""
+    ids, mask = left_padded([5, 2, 4], seed=6, pad=0)
+    ids = ids.clamp(max=7)
+    common = dict(attention_mask=mask, max_new_tokens=8, pad_token_id=0)
+    hooked = small.generate(ids, custom_generate=custom_generate, use_mtp=True, num_assistant_tokens=3,
+                            return_dict_in_generate=True, **common)
+    ours = specdec_kernels.generate(small, ids, strategy="mtp", num_draft_tokens=3, eos_token_id=[], **common)
+    assert torch.equal(hooked.sequences, ours.sequences)
+    assert len(hooked.stats.per_position_acceptance) == 3 == len(ours.stats.per_position_acceptance)
+    sampled = small.generate(ids, custom_generate=custom_generate, use_mtp=True, do_sample=True, seed=5, **common)
+    direct = specdec_kernels.generate(small, ids, strategy="mtp", do_sample=True, seed=5, top_k=50, eos_token_id=[],
+                                      **common)
+    assert torch.equal(sampled, direct.sequences)
