@@ -11,6 +11,8 @@ ADAPTERS: dict[str, type[ModelAdapter]] = {
     for model_type in adapter.model_types
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(ADAPTERS))
+# what a DFlash assistant's config has (transformers' muse_glimmer_assistant): refused by name in adapt
+DFLASH_CONFIG = ("target_layer_ids", "block_size", "mask_token_id")
 
 
 def adapt(model: torch.nn.Module) -> ModelAdapter:
@@ -21,7 +23,12 @@ def adapt(model: torch.nn.Module) -> ModelAdapter:
     SpecCache; SDPA for encoder and cross-attention). Switch back with
     `model.set_attn_implementation("sdpa")`.
     """
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if all(hasattr(config, name) for name in DFLASH_CONFIG):
+        raise ValueError(f"specdec_kernels.hf.adapt: model type {model_type!r} is a DFlash assistant (HF's "
+                         "speculation_type='dflash'), which no strategy drafts with yet; a causal LM of the target's "
+                         "vocabulary drafts (strategy 'speculative'), or the target's own MTP layers (strategy 'mtp')")
     if model_type not in ADAPTERS:
         raise ValueError(f"specdec_kernels.hf.adapt: model type {model_type!r} is not supported; "
                          f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")

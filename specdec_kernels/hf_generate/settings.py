@@ -48,7 +48,9 @@ SETTINGS = {
     "assistant_ensemble_weight": (REFUSED, "HF's lossy ensemble verification"),
     "assistant_lookbehind": (REFUSED, "assistants with another tokenizer are not supported"),
     "target_lookbehind": (REFUSED, "assistants with another tokenizer are not supported"),
-    "speculation_type": (REFUSED, "HF's DFlash drafting"),
+    "speculation_type": (REFUSED, "HF's DFlash block drafting: no strategy drafts with a DFlash assistant "
+                                  "(muse_glimmer_assistant) yet; supported instead: use_mtp=True on a model with MTP "
+                                  "layers, or a causal-LM assistant_model (strategy 'speculative')"),
     "use_mtp": (MAPPED, "strategy 'mtp': the target's own multi-token-prediction layers draft (any batch size)"),
     # decoding modes the engine does not run
     "num_beams": (REFUSED, "beam search"),
