@@ -14,6 +14,7 @@ from typing import Callable
 
 from ..common import validate as check
 from .bild import BildDecoder
+from .dflash import DFlashDrafter, default_models_lack_it
 from .drafter import Drafter
 from .engine import OP
 from .lookup import LookupDecoder
@@ -121,6 +122,13 @@ TABLE = (
              example="`MtpDrafter(target)` (a target whose config has `num_mtp_layers`)",
              draft_length="num_draft_tokens",
              target="a target whose config has num_mtp_layers (GLM-4-MoE, ERNIE 4.5 MoE)", runs_on=has_mtp_layers),
+    Strategy("dflash", DFlashDrafter, "strategies/dflash.md", title="DFlash",
+             paper="DFlash block drafting (HF's `speculation_type=\"dflash\"`)",
+             draft_source="a DFlash assistant: one forward drafts a block from the target's layer states",
+             rule="greedy: exact match; sampling: chain rejection sampling", lossless_when="yes",
+             example="`DFlashDrafter(target, assistant)` (a `muse_glimmer_assistant`)",
+             target="a DFlash assistant passed as draft_model (none in the default models)",
+             runs_on=default_models_lack_it),
 )
 STRATEGIES: dict[str, Strategy] = {strategy.name: strategy for strategy in TABLE}
 

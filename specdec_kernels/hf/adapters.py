@@ -25,10 +25,9 @@ def adapt(model: torch.nn.Module) -> ModelAdapter:
     """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if all(hasattr(config, name) for name in DFLASH_CONFIG):
-        raise ValueError(f"specdec_kernels.hf.adapt: model type {model_type!r} is a DFlash assistant (HF's "
-                         "speculation_type='dflash'), which no strategy drafts with yet; a causal LM of the target's "
-                         "vocabulary drafts (strategy 'speculative'), or the target's own MTP layers (strategy 'mtp')")
+    if all(getattr(config, name, None) is not None for name in DFLASH_CONFIG):
+        raise ValueError(f"specdec_kernels.hf.adapt: model type {model_type!r} is a DFlash assistant: it drafts in "
+                         "strategy 'dflash' (custom_generate: speculation_type='dflash'), not as a causal LM")
     if model_type not in ADAPTERS:
         raise ValueError(f"specdec_kernels.hf.adapt: model type {model_type!r} is not supported; "
                          f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")

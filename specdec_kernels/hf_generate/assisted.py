@@ -11,6 +11,7 @@ generation_config sets it, or when it differs from HF's default; the assistant's
 More on how it works: docs/internals.md, `specdec_kernels/hf_generate/assisted.py`.
 """
 
+from ..decoding.dflash import is_dflash_assistant
 from ..decoding.strategies import STRATEGIES
 from .hf_private import assisted_defaults
 
@@ -79,6 +80,15 @@ class Assisted:
                 fail(f"use_mtp=True needs a model whose config has num_mtp_layers (got model type "
                      f"{model.config.model_type!r} without them)")
             strategy = "mtp"
+        kind = getattr(config, "speculation_type", None)
+        if kind is not None:  # HF's DFlash drafting: strategy dflash, at any batch size
+            if kind != "dflash":
+                fail(f"speculation_type={kind!r} is not supported (HF's only type is 'dflash')")
+            if not is_dflash_assistant(draft) or strategy not in (None, "dflash"):
+                fail("speculation_type='dflash' runs strategy 'dflash': pass a DFlash assistant (a "
+                     "muse_glimmer_assistant) as assistant_model and no other strategy (got "
+                     f"{type(draft).__name__ if draft is not None else 'no assistant'}, strategy={strategy!r})")
+            strategy = "dflash"
         self.strategy = strategy or ("speculative" if draft is not None else "plain")
         length, schedule = read("num_assistant_tokens"), read("num_assistant_tokens_schedule")
         if length is not None:

@@ -48,9 +48,8 @@ SETTINGS = {
     "assistant_ensemble_weight": (REFUSED, "HF's lossy ensemble verification"),
     "assistant_lookbehind": (REFUSED, "assistants with another tokenizer are not supported"),
     "target_lookbehind": (REFUSED, "assistants with another tokenizer are not supported"),
-    "speculation_type": (REFUSED, "HF's DFlash block drafting: no strategy drafts with a DFlash assistant "
-                                  "(muse_glimmer_assistant) yet; supported instead: use_mtp=True on a model with MTP "
-                                  "layers, or a causal-LM assistant_model (strategy 'speculative')"),
+    "speculation_type": (MAPPED, "'dflash': strategy 'dflash', the DFlash assistant (muse_glimmer_assistant) "
+                                 "passed as assistant_model drafts (any batch size)"),
     "use_mtp": (MAPPED, "strategy 'mtp': the target's own multi-token-prediction layers draft (any batch size)"),
     # decoding modes the engine does not run
     "num_beams": (REFUSED, "beam search"),
@@ -107,7 +106,7 @@ CHECKED = {
     "num_beams": (1,), "num_beam_groups": (1,), "diversity_penalty": (0.0,), "penalty_alpha": (0.0,),
     "dola_layers": (), "constraints": (), "force_words_ids": (), "num_return_sequences": (1,),
     "output_scores": (False,), "output_logits": (False,), "output_attentions": (False,),
-    "output_hidden_states": (False,), "speculation_type": (),
+    "output_hidden_states": (False,),
     "assistant_early_exit": (), "assistant_ensemble_weight": (),
 }
 
