@@ -128,6 +128,19 @@ def test_batch_one_gives_hfs_own_dflash_tokens_and_drafts(pair, monkeypatch):
         assert torch.equal(hooked.sequences, theirs) and hooked.stats.drafted_tokens == ours.stats.drafted_tokens
 
 
+def test_an_assistant_reading_the_last_layer_reads_hfs_normed_state(pair, monkeypatch):
+    """HF's hidden_states[num_layers] is the final norm's output, not the last layer's: an assistant naming the
+    last layer (3 of 4) reads that."""
+    target, _ = pair
+    assistant = build_assistant(layers=(1, 3), seed=4)
+    drafter = recording(target, assistant)
+    ids = torch.tensor([[3, 5, 1, 6, 2]])
+    theirs, blocks = hf_dflash(target, assistant, ids, monkeypatch)
+    assert torch.equal(drafter.generate(ids, max_new_tokens=NEW, eos_token_id=[]).sequences, theirs)
+    assert same_blocks(drafter.blocks[0], blocks), (drafter.blocks[0], blocks)
+    assert len(set(drafter.blocks[0]) & set(blocks)) >= len(blocks) - 1
+
+
 def test_left_padded_batch_of_four_is_greedy_row_by_row(pair, monkeypatch):
     target, assistant = pair
     ids, mask = left_padded([5, 1, 7, 3], seed=2)

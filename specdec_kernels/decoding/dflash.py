@@ -3,7 +3,7 @@
 greedy or sampled.
 
 The assistant reads the target's decoder-layer outputs at its config's `target_layer_ids` (engine.hidden: no
-extra target forward), concatenated, for every committed position: each step the newly committed positions'
+extra target forward; for the last layer the final norm's output, as HF's hidden_states[-1]), concatenated, for every committed position: each step the newly committed positions'
 states (the prompt's after the prefill, then the root and the accepted drafts) enter its cache as context
 k/v. It drafts a block in one forward: the root (the anchor, embedded with the target's embedding) and
 `block_size - 1` mask tokens attend bidirectionally to each other and to the context; the target's LM head
@@ -22,6 +22,7 @@ from ..common import validate as check
 from ..hf.adapters import DFLASH_CONFIG
 from .drafter import Drafter
 from .engine import OP
+from .hidden_states import FINAL_NORM
 from .standardize import draw, fit_vocab, standardize
 from .step import Proposal, StepPlan
 from .verifier import Verification, chain_rule
@@ -63,7 +64,9 @@ class DFlashDrafter(Drafter):
             check.fail(OP, f"the DFlash assistant's hidden_size {config.hidden_size} must be the target's ({hidden}): "
                            "it reads the target's states and uses its embedding and LM head")
         self.assistant = draft_model
-        self.layer_ids = tuple(int(i) for i in config.target_layer_ids)
+        # HF's hidden_states[i + 1]: layer i's output, but the final norm's for the last layer (transformers 5.x)
+        last = target.config.get_text_config().num_hidden_layers - 1
+        self.layer_ids = tuple(FINAL_NORM if int(i) == last else int(i) for i in config.target_layer_ids)
         self.block = check.positive_int(OP, "block_size", int(config.block_size))
         if self.block < 2:
             check.fail(OP, f"the DFlash assistant's block_size must be >= 2 (got {self.block})")
