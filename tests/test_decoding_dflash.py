@@ -262,3 +262,20 @@ def test_bad_assistants_are_refused_in_one_line(pair):
     with pytest.raises(ValueError) as error:
         specdec_kernels.generate(target, ids, strategy="dflash", draft_model=wide, max_new_tokens=4)
     assert "the DFlash assistant's hidden_size 64 must be the target's (32)" in one_line(error)
+
+
+def test_cuda_graphs_are_refused_in_one_line(pair):
+    """The assistant's cache grows each step: the drafter runs eagerly (graphs are off by default for it)."""
+    from specdec_kernels.decoding import clear_graph_cache, graphs
+    from test_graph_sessions import FakeGraphs
+
+    target, assistant = pair
+    clear_graph_cache()
+    try:
+        with graphs.use_backend(FakeGraphs()), pytest.raises(ValueError) as error:
+            specdec_kernels.generate(target, torch.tensor([[3, 5, 1]]), strategy="dflash", draft_model=assistant,
+                                     max_new_tokens=4, cuda_graphs=True)
+    finally:
+        clear_graph_cache()
+    assert "strategy 'dflash' drafts eagerly (its assistant's cache grows each step): pass cuda_graphs=False" in \
+        one_line(error)
