@@ -204,13 +204,12 @@ def patched(patches):
 
 def hook_points(sections: Sections, target) -> list:
     """What the breakdown wraps: our attention hook, op wrappers and kernels, cache methods, the
-    adapters' forwards (target vs draft), the accept rules; HF's model forward and SDPA function."""
+    adapters' forwards (target vs draft), the verifier; HF's model forward and SDPA function."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from specdec_kernels import ops
     from specdec_kernels.common import registry
-    from specdec_kernels.decoding.plain import PlainDecoder
-    from specdec_kernels.decoding.speculative import ChainSpeculative, TreeSpeculative
+    from specdec_kernels.decoding.verifier import Verifier
     from specdec_kernels.hf import attention as hf_attention
     from specdec_kernels.hf.adapter_base import ModelAdapter
     from specdec_kernels.hf.cache import SpecCache
@@ -222,8 +221,7 @@ def hook_points(sections: Sections, target) -> list:
           for m in ("start", "run_layers", "logits")],  # every forward of ours is made of these three
         (SpecCache, "write", wrap("cache_write", SpecCache.write)),
         *[(SpecCache, m, wrap("cache_commit", SpecCache.__dict__[m])) for m in ("commit", "rollback", "crop")],
-        (PlainDecoder, "accept", wrap("verify_op", PlainDecoder.accept)),
-        *[(cls, "accept", wrap("verify_op", cls.accept)) for cls in (ChainSpeculative, TreeSpeculative)],
+        (Verifier, "__call__", wrap("verify_op", Verifier.__call__)),  # every drafter is judged by it
         (ops, "tree_attention", wrap("attn_dispatch", ops.tree_attention)),
         (target, "forward", wrap("model", target.forward)),
     ]
