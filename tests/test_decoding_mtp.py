@@ -253,6 +253,16 @@ def test_chi_square_rejects_a_wrong_residual(small, monkeypatch):
     assert joint_pvalue(out.sequences, joint) < 1e-6
 
 
+def test_a_users_mtp_model_keeps_its_attention(small):
+    """The drafter switches the MTP model's attention to ours for the call; a model the user passed comes back
+    as it was (model.generate(use_mtp=True) works with it afterwards)."""
+    mtp_model = MtpModel.from_pretrained(small).eval()
+    mtp_model.set_attn_implementation("eager")
+    ids = torch.randint(1, 8, (1, 5), generator=torch.Generator().manual_seed(4))
+    out = specdec_kernels.generate(small, ids, strategy="mtp", mtp_model=mtp_model, max_new_tokens=4, eos_token_id=[])
+    assert out.stats.drafted_tokens > 0 and mtp_model.config._attn_implementation == "eager"
+
+
 def test_a_target_without_mtp_layers_is_refused_by_name(tmp_path):
     from decoding_support import make_pair
 

@@ -58,7 +58,7 @@ def decode(target, drafter, input_ids: torch.Tensor, *, named: bool = False, att
     sampling = Sampling(bool(do_sample), float(temperature), top_k, top_p, min_p)
     if on_step is not None and not callable(on_step):
         check.fail(OP, f"`on_step` must be callable (got {type(on_step).__name__})", TypeError)
-    with restored_attention(target, draft):
+    with restored_attention(target, *drafter.adapted_models()):
         engine = Engine(target, drafter, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                         sampling=sampling, eos_token_id=eos_token_id, pad_token_id=pad_token_id, seed=seed,
                         backend=backend, cuda_graphs=cuda_graphs, named=named, on_step=on_step,

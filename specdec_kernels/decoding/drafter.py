@@ -5,6 +5,7 @@ cache, the one Verifier, batching, stopping, statistics). docs/design.md says ho
 
 import abc
 
+import torch
 from torch import Tensor
 
 from .decode import decode
@@ -33,6 +34,12 @@ class Drafter(abc.ABC):
     def generate(self, input_ids, **kwargs):
         """specdec_kernels.generate(target, input_ids, strategy=self, **kwargs)."""
         return decode(self.target_model, self, input_ids, **kwargs)
+
+    def adapted_models(self) -> tuple:
+        """The drafter's own models whose attention it switches to ours (hf.adapt, set_attn_implementation):
+        `decode` gives them back as they were passed. Default: draft_model, where the drafter has one."""
+        model = getattr(self, "draft_model", None)
+        return (model,) if isinstance(model, torch.nn.Module) else ()
 
     def target_layers(self) -> tuple:
         """The target's hidden states this drafter reads (engine.hidden, hidden_states.py): decoder-layer

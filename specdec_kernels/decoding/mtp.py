@@ -83,6 +83,9 @@ class MtpDrafter(Drafter):
     def target_layers(self) -> tuple:
         return (FINAL_NORM,)
 
+    def adapted_models(self) -> tuple:
+        return (self.mtp,)  # start() switches its attention to ours: a user's mtp_model is given back as it was
+
     def graph_key(self):
         return (self.name, id(self.mtp), weight_addresses(self.mtp), self.k)
 
