@@ -224,10 +224,10 @@ def test_mutation_an_mtp_cache_that_forgets_the_committed_positions_fails(model,
     assert not drafts_are_hfs(model, drafter)
 
 
-@pytest.fixture(scope="module")
-def small(tmp_path_factory):
-    """Vocabulary 8 and two layers (the chi-square's joint law has 64 cells)."""
-    return build("ernie4_5_moe", tmp_path_factory.mktemp("mtp_small"), layers=2, vocab=8, seed=5)
+@pytest.fixture(scope="module", params=KINDS)
+def small(request, tmp_path_factory):
+    """Vocabulary 8 and two layers (the chi-square's joint law has 64 cells), of each model type."""
+    return build(request.param, tmp_path_factory.mktemp(f"mtp_small_{request.param}"), layers=2, vocab=8, seed=5)
 
 
 @pytest.mark.parametrize("verification", ["token", "block"])
