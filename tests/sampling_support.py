@@ -49,6 +49,14 @@ def exact_joint(target, warp, prompt=PROMPT) -> torch.Tensor:
     return chained_joint(lambda context: warp(target(context).logits[:, -1]), prompt)
 
 
+def target_pvalue(target, sequences: torch.Tensor) -> float:
+    """joint_pvalue of the first two tokens against the target's own law at temperature 1 (an HF model,
+    through its sdpa attention: a strategy may have switched it)."""
+    target.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        return joint_pvalue(sequences, exact_joint(target, lambda x: hf_warp(x, 1.0, None, None)))
+
+
 def joint_pvalue(sequences: torch.Tensor, joint: torch.Tensor, prompt_length: int = len(PROMPT)) -> float:
     vocab = joint.shape[0]
     pairs = sequences[:, prompt_length] * vocab + sequences[:, prompt_length + 1]
