@@ -3,23 +3,24 @@
 greedy or sampled.
 
 The assistant reads the target's decoder-layer outputs at its config's `target_layer_ids` (engine.hidden: no
-extra target forward; for the last layer the final norm's output, as HF's hidden_states[-1]), concatenated, for every committed position: each step the newly committed positions'
-states (the prompt's after the prefill, then the root and the accepted drafts) enter its cache as context
-k/v. It drafts a block in one forward: the root (the anchor, embedded with the target's embedding) and
-`block_size - 1` mask tokens attend bidirectionally to each other and to the context; the target's LM head
-on the mask positions gives `block_size - 1` drafts, each from its own position's logits (drawn independently
-when sampling, their q kept for verification). The block's k/v are cropped from the cache before the next
-step. The cache is HF's DFlashCache (grown batch-wide): a row that committed fewer positions than the widest
-row leaves masked holes, so the attention mask is kept per row. It grows each step, so the drafter runs
-eagerly (no CUDA graphs). Verification is the engine's: exact match when greedy, chain rejection sampling
-with the drafts' q when sampling, so the output is the target's.
+extra target forward; for the last layer the final norm's output, as HF's hidden_states[-1]), concatenated,
+for every committed position: each step the newly committed positions' states (the prompt's after the prefill,
+then the root and the accepted drafts) enter its cache as context k/v. It drafts a block in one forward: the
+root (the anchor, embedded with the target's embedding) and `block_size - 1` mask tokens attend
+bidirectionally to each other and to the context; the target's LM head on the mask positions gives
+`block_size - 1` drafts, each from its own position's logits (drawn independently when sampling, their q kept for
+verification). The block's k/v are cropped from the cache before the next step. The cache is HF's DFlashCache
+(grown batch-wide): a row that committed fewer positions than the widest row leaves masked holes, so the
+attention mask is kept per row. It grows each step, so the drafter runs eagerly (no CUDA graphs). Verification
+is the engine's: exact match when greedy, chain rejection sampling with the drafts' q when sampling, so the
+output is the target's.
 """
 
 import torch
 from torch import Tensor
 
 from ..common import validate as check
-from ..hf.adapters import DFLASH_CONFIG
+from ..hf.adapters import DFLASH_CONFIG, is_dflash_assistant
 from .drafter import Drafter
 from .engine import OP
 from .hidden_states import FINAL_NORM
@@ -27,16 +28,11 @@ from .standardize import draw, fit_vocab, standardize
 from .step import Proposal, StepPlan
 from .verifier import Verification, chain_rule
 
+
 def default_models_lack_it(target) -> bool:
     """The table's runs_on: False, since no models set (the demo's, the CLI's) has a DFlash assistant; the strategy
     runs with one passed as draft_model (generate, or custom_generate's speculation_type="dflash")."""
     return False
-
-
-def is_dflash_assistant(model) -> bool:
-    """Whether `model`'s config is a DFlash assistant's (target_layer_ids, block_size and mask_token_id)."""
-    config = getattr(model, "config", None)
-    return all(getattr(config, name, None) is not None for name in DFLASH_CONFIG)
 
 
 class DFlashDrafter(Drafter):

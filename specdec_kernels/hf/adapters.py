@@ -15,6 +15,12 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(ADAPTERS))
 DFLASH_CONFIG = ("target_layer_ids", "block_size", "mask_token_id")
 
 
+def is_dflash_assistant(model) -> bool:
+    """Whether `model`'s config is a DFlash assistant's (every key of DFLASH_CONFIG set)."""
+    config = getattr(model, "config", None)
+    return all(getattr(config, name, None) is not None for name in DFLASH_CONFIG)
+
+
 def adapt(model: torch.nn.Module) -> ModelAdapter:
     """Wrap a model loaded with transformers (e.g. `AutoModelForCausalLM.from_pretrained(path)`, or
     `AutoModelForSeq2SeqLM` for BART) for speculative decoding on a SpecCache.
@@ -23,9 +29,8 @@ def adapt(model: torch.nn.Module) -> ModelAdapter:
     SpecCache; SDPA for encoder and cross-attention). Switch back with
     `model.set_attn_implementation("sdpa")`.
     """
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if all(getattr(config, name, None) is not None for name in DFLASH_CONFIG):
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if is_dflash_assistant(model):
         raise ValueError(f"specdec_kernels.hf.adapt: model type {model_type!r} is a DFlash assistant: it drafts in "
                          "strategy 'dflash' (custom_generate: speculation_type='dflash'), not as a causal LM")
     if model_type not in ADAPTERS:

@@ -11,8 +11,8 @@ generation_config sets it, or when it differs from HF's default; the assistant's
 More on how it works: docs/internals.md, `specdec_kernels/hf_generate/assisted.py`.
 """
 
-from ..decoding.dflash import is_dflash_assistant
 from ..decoding.strategies import STRATEGIES
+from ..hf.adapters import is_dflash_assistant
 from .hf_private import assisted_defaults
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
