@@ -19,7 +19,7 @@ from specdec_kernels.decoding.dflash import DFlashDrafter
 
 from decoding_support import left_padded
 from hf_support import one_thread
-from sampling_support import PROMPT, ROWS, target_pvalue
+from sampling_support import LOOP_ROWS, PROMPT, ROWS, target_pvalue
 from test_decoding_sampling import ResampleFromP
 
 pytest.importorskip("transformers.models.muse_glimmer_assistant")
@@ -185,7 +185,7 @@ def test_rows_ending_at_eos_at_different_steps(pair):
 @pytest.mark.parametrize("verification", ["token", "block"])
 def test_first_two_sampled_tokens_follow_the_target(pair, verification):
     target, assistant = pair
-    ids = torch.tensor([PROMPT]).repeat(ROWS, 1)
+    ids = torch.tensor([PROMPT]).repeat(LOOP_ROWS, 1)  # 24,000 rows: a residual off by 1% shows
     out = specdec_kernels.generate(target, ids, strategy="dflash", draft_model=assistant, max_new_tokens=2,
                                    do_sample=True, seed=123, eos_token_id=[], verification=verification)
     assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens  # both paths ran
