@@ -2,7 +2,8 @@
 
 A small Llama target, a smaller Llama draft sharing its tokenizer, a SpecDec drafter and trained
 ("Y") early-exit heads, all trained on the Python standard library's source by
-`bench/train_default_models.py` and shipped inside the package (folder `default_models/`, its
+`bench/train_default_models.py`, and an EAGLE-3 head for the target (`bench/train_eagle.py`, optional
+in a set: eagle3/ has its own MADE.md), shipped inside the package (folder `default_models/`, its
 MADE.md says how they were made). One folder holds one set.
 
 More on how it works: docs/internals.md, `specdec_kernels/defaults.py`.
@@ -15,6 +16,7 @@ import torch
 
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parent / "default_models"
 PARTS = ("tokenizer", "target", "draft", "specdec_drafter", "early_exit_heads")
+OPTIONAL_PARTS = ("eagle3",)  # loaded where the set has the folder (sets made before it lack it)
 
 
 @dataclass
@@ -27,6 +29,7 @@ class DefaultModels:
     specdec_drafter: torch.nn.Module  # specdec_kernels.models.SpecDecDrafter
     early_exit_heads: torch.nn.Module  # specdec_kernels.models.EarlyExitHeads
     path: Path
+    eagle3: torch.nn.Module | None = None  # specdec_kernels.models.Eagle3Drafter for the target, if the set has one
 
     def strategy_options(self) -> dict:
         """Keyword arguments of specdec_kernels.generate for each strategy on this set: the models of this
@@ -34,7 +37,7 @@ class DefaultModels:
         from .decoding.strategies import TABLE
 
         return {s.name: s.partner.options_for(getattr(self, s.partner.part), self.target) if s.partner else {}
-                for s in TABLE}
+                for s in TABLE if not s.partner or getattr(self, s.partner.part) is not None}
 
 
 def default_models_available(path=None) -> bool:
@@ -58,7 +61,7 @@ def load_default_models(path=None, *, device="cpu", dtype: torch.dtype | None = 
                                 f"{', '.join(PARTS)}; `python bench/train_default_models.py --out {root}` makes them)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .models import EarlyExitHeads, SpecDecDrafter
+    from .models import Eagle3Drafter, EarlyExitHeads, SpecDecDrafter
 
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():  # else torch's bare AssertionError, deep in .to()
@@ -70,13 +73,15 @@ def load_default_models(path=None, *, device="cpu", dtype: torch.dtype | None = 
     def causal_lm(part):
         return AutoModelForCausalLM.from_pretrained(root / part, dtype=dtype).to(device).eval()
 
+    target = causal_lm("target")
     return DefaultModels(
         tokenizer=AutoTokenizer.from_pretrained(root / "tokenizer"),
-        target=causal_lm("target"),
+        target=target,
         draft=causal_lm("draft"),
         specdec_drafter=SpecDecDrafter.from_pretrained(root / "specdec_drafter", dtype=dtype).to(device).eval(),
         early_exit_heads=EarlyExitHeads.from_pretrained(root / "early_exit_heads", device=device, dtype=dtype),
         path=root,
+        eagle3=Eagle3Drafter.from_pretrained(root / "eagle3", target) if (root / "eagle3").is_dir() else None,
     )
 
 
@@ -94,3 +99,5 @@ def save_default_models(models: DefaultModels, path, *, dtype: torch.dtype = tor
     original = next(heads.parameters()).dtype
     heads.to(dtype).save_pretrained(root / "early_exit_heads")
     heads.to(original)
+    if models.eagle3 is not None:
+        models.eagle3.save_pretrained(root / "eagle3", dtype=dtype)

@@ -37,7 +37,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 NOISY = 0.25  # a method whose tokens/s varies by more than this share of its median between passes is flagged
 # why a strategy is skipped without the part of a models set its partner needs (--target/--draft runs)
 MISSING = {"draft": "needs a draft model (--draft PATH)",
-           "specdec_drafter": "needs a trained SpecDec drafter (--specdec-drafter PATH; see train_specdec_drafter)"}
+           "specdec_drafter": "needs a trained SpecDec drafter (--specdec-drafter PATH; see train_specdec_drafter)",
+           "eagle3": "needs an EAGLE-3 head for the target (--eagle-head PATH; bench/train_eagle.py makes one)"}
 
 
 def strategies() -> tuple:
@@ -67,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     models.add_argument("--draft", metavar="PATH", help="a smaller local HF causal LM sharing the target's tokenizer")
     models.add_argument("--specdec-drafter", metavar="PATH",
                         help="a SpecDecDrafter for --target (without it strategy specdec is skipped)")
+    models.add_argument("--eagle-head", metavar="PATH",
+                        help="an EAGLE-3 head's folder for --target (without it strategy eagle is skipped)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens per row (EOS is ignored; default 32)")
     parser.add_argument("--batch-size", type=int, default=1,
                         help="rows per generate call; the prompts are cycled to fill the rows, left-padded (default 1)")
@@ -128,7 +131,7 @@ def load_pair(args, device: torch.device, dtype: torch.dtype, *, draft_required:
     """The models of `args` (--models, or --target [--draft] [--specdec-drafter], else the embedded
     set) with each strategy's lossless options; without --draft (draft_required=False) the
     strategies that need one are skipped. `fail` reports a bad argument (the calling command's)."""
-    from .defaults import DEFAULT_MODELS_DIR, PARTS, default_models_available, load_default_models
+    from .defaults import DEFAULT_MODELS_DIR, OPTIONAL_PARTS, PARTS, default_models_available, load_default_models
 
     if args.target or args.draft:
         if args.models:
@@ -138,6 +141,8 @@ def load_pair(args, device: torch.device, dtype: torch.dtype, *, draft_required:
         return _user_pair(args, device, dtype, fail)
     if args.specdec_drafter:
         fail("--specdec-drafter goes with --target/--draft (a --models set has its own drafter)")
+    if getattr(args, "eagle_head", None):
+        fail("--eagle-head goes with --target/--draft (a --models set has its own eagle3/ head)")
     if args.models and not Path(args.models).is_dir():
         fail(f"--models {args.models}: no such folder")
     root = Path(args.models) if args.models else DEFAULT_MODELS_DIR
@@ -148,7 +153,8 @@ def load_pair(args, device: torch.device, dtype: torch.dtype, *, draft_required:
         models = load_default_models(root, device=device, dtype=dtype)
     except FileNotFoundError as error:  # names the missing parts
         fail(str(error))
-    options, skipped = lossless_options({part: getattr(models, part) for part in PARTS}, models.target)
+    parts = {part: getattr(models, part) for part in PARTS + OPTIONAL_PARTS}
+    options, skipped = lossless_options(parts, models.target)
     return Pair(models.tokenizer, models.target, options, skipped, source=str(root))
 
 
@@ -185,6 +191,13 @@ def _user_pair(args, device, dtype, fail=fail) -> Pair:
 
         drafter = SpecDecDrafter.from_pretrained(folder("--specdec-drafter", args.specdec_drafter), dtype=dtype)
         parts["specdec_drafter"] = drafter.to(device).eval()
+    if getattr(args, "eagle_head", None):
+        from .models import Eagle3Drafter
+
+        try:
+            parts["eagle3"] = Eagle3Drafter.from_pretrained(folder("--eagle-head", args.eagle_head), target)
+        except (OSError, ValueError) as error:  # not a head's folder, or one made for another target
+            fail(f"--eagle-head {args.eagle_head}: {first_line(error)}")
     options, skipped = lossless_options(parts, target)
     source = f"{target_path} + {args.draft}" if args.draft else str(target_path)
     return Pair(tokenizer, target, options, skipped, source=source)

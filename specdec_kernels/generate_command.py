@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     models.add_argument("--target", metavar="PATH", help="a local HF causal LM")
     models.add_argument("--draft", metavar="PATH", help="a smaller local HF causal LM sharing the target's tokenizer")
     models.add_argument("--specdec-drafter", metavar="PATH", help="a SpecDecDrafter trained for --target")
+    models.add_argument("--eagle-head", metavar="PATH", help="an EAGLE-3 head's folder for --target")
     parser.add_argument("--strategy", choices=names(), default="speculative")
     parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                         help="a keyword of the strategy (repeatable), VALUE a Python literal")

@@ -15,11 +15,13 @@ def tiny_tokenizer(vocab_size: int = 300):
 
 def make_tiny_default_models(seed: int = 0):
     """DefaultModels with random weights: 4-layer target, 1-layer draft (a noisy copy of the target's
-    first layer, so it agrees often), 2-layer SpecDec drafter, "Y" heads at layers 2 and 3."""
+    first layer, so it agrees often), 2-layer SpecDec drafter, "Y" heads at layers 2 and 3, an EAGLE-3 head
+    reading layers 1, 2 and 4 (started from the target's LM head, so it agrees sometimes)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specdec_kernels.defaults import DefaultModels
     from specdec_kernels.models import EarlyExitHead, EarlyExitHeads, SpecDecDrafter
+    from specdec_kernels.training.eagle3 import new_head
     from specdec_kernels.training.specdec_drafter import default_drafter_config
 
     tokenizer = tiny_tokenizer()
@@ -37,8 +39,9 @@ def make_tiny_default_models(seed: int = 0):
     draft.load_state_dict(draft_state)
     drafter = SpecDecDrafter(default_drafter_config(target, block_size=4, max_length=1024)).eval()
     heads = EarlyExitHeads({layer: EarlyExitHead.from_model(target, copy=True) for layer in (2, 3)}).eval()
+    eagle3 = new_head(target, aux_layers=(1, 2, 4), draft_ids=torch.arange(len(tokenizer))).eval()
     return DefaultModels(tokenizer=tokenizer, target=target, draft=draft, specdec_drafter=drafter,
-                         early_exit_heads=heads, path=Path("."))
+                         early_exit_heads=heads, path=Path("."), eagle3=eagle3)
 
 
 def save_tiny_default_models(path) -> Path:

@@ -77,6 +77,8 @@ def left_padded_prompts(tokenizer):
     ("bild", {"rollback_rule": "exact"}),
     ("specdec", {"top_beta": 1}),
     ("ppd", {"k": 3}),
+    ("eagle", {"num_draft_tokens": 4}),
+    ("eagle", {"num_draft_tokens": 4, "tree_topk": 3, "tree_nodes": 12}),
 ])
 def test_every_strategy_reproduces_greedy(models, strategy, options):
     ids, mask = left_padded_prompts(models.tokenizer)
@@ -97,6 +99,29 @@ def test_trained_draft_agrees_more_often_than_an_untrained_one(models, tmp_path)
     assert acceptance(untrained) < ACCEPTANCE_FLOOR <= acceptance(models)
 
 
+def eagle_tokens_per_forward(models, head) -> float:
+    ids, mask = left_padded_prompts(models.tokenizer)
+    out = specdec_kernels.generate(models.target, ids, attention_mask=mask, strategy="eagle", draft_model=head,
+                                   num_draft_tokens=4, max_new_tokens=NEW, pad_token_id=models.tokenizer.pad_token_id)
+    return out.stats.mean_accepted_tokens
+
+
+def test_the_trained_eagle_head_drafts_target_ids(models):
+    """The shipped head (MADE.md beside it) drafts over 3,072 of the 4,096 ids, mapped by d2t: with d2t taken away
+    (draft ids read as target ids) its drafts are other tokens and far fewer are accepted."""
+    head = models.eagle3
+    assert head is not None and head.draft_vocab < head.vocab and head.d2t.any()
+    assert "acceptance" in (DEFAULT_MODELS_DIR / "eagle3" / "MADE.md").read_text()
+    trained = eagle_tokens_per_forward(models, head)
+    saved = head.d2t.clone()
+    try:
+        head.d2t.zero_()
+        unmapped = eagle_tokens_per_forward(models, head)
+    finally:
+        head.d2t.copy_(saved)
+    assert trained > 1.5 and unmapped < 1 + (trained - 1) / 2
+
+
 def test_quick_training_run_makes_a_loadable_set(tmp_path):
     out = tmp_path / "quick"
     subprocess.run([sys.executable, str(ROOT / "bench/train_default_models.py"), "--quick", "--out", str(out),
@@ -109,6 +134,22 @@ def test_quick_training_run_makes_a_loadable_set(tmp_path):
                                        max_new_tokens=4, pad_token_id=pad).sequences
     assert torch.equal(out_ids, models.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
                                                        do_sample=False, pad_token_id=pad))
+
+
+def test_quick_eagle_training_run_makes_a_loadable_head(models, tmp_path):
+    from specdec_kernels.models import Eagle3Drafter
+
+    out = tmp_path / "eagle3"
+    subprocess.run([sys.executable, str(ROOT / "bench/train_eagle.py"), "--quick", "--out", str(out)], check=True,
+                   capture_output=True, cwd=ROOT)
+    assert "acceptance" in (out / "MADE.md").read_text()
+    head = Eagle3Drafter.from_pretrained(out, models.target)
+    ids = models.tokenizer("def f(x):\n", return_tensors="pt").input_ids
+    pad = models.tokenizer.pad_token_id
+    got = specdec_kernels.generate(models.target, ids, strategy="eagle", draft_model=head, max_new_tokens=6,
+                                   pad_token_id=pad).sequences
+    assert torch.equal(got, models.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                                                   do_sample=False, pad_token_id=pad))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")

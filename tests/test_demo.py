@@ -91,21 +91,22 @@ def user_checkpoint(tiny_set, tmp_path):
 def test_demo_on_user_target_and_draft_with_mixed_prompts_in_a_batch(tiny_set, tmp_path):
     out = tmp_path / "demo.json"
     done = demo("--target", user_checkpoint(tiny_set, tmp_path), "--draft", tiny_set / "draft", "--specdec-drafter",
-                tiny_set / "specdec_drafter", "--max-new-tokens", 4, "--batch-size", 3,
+                tiny_set / "specdec_drafter", "--eagle-head", tiny_set / "eagle3", "--max-new-tokens", 4, "--batch-size", 3,
                 "--prompt", "x = 1\n", "--prompt", "def f(a, b):\n    return", "--repeats", 1, "--json", out)
     for name in STRATEGIES:
         assert f"== {name}  identical to greedy: yes" in done.stdout
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 9 and all(row["tokens"] == 4 * 3 for row in rows)  # 2 prompts cycled to 3 rows, left-padded
+    assert len(rows) == 11 and all(row["tokens"] == 4 * 3 for row in rows)  # 2 prompts cycled to 3 rows, left-padded
 
 
 def test_user_pair_without_drafter_skips_specdec_and_uses_head_n(tiny_set, tmp_path):
     args = argparse.Namespace(models=None, target=str(user_checkpoint(tiny_set, tmp_path)),
                               draft=str(tiny_set / "draft"), specdec_drafter=None)
     pair = demo_module.load_pair(args, torch.device("cpu"), torch.float32)
-    assert set(pair.options) == set(demo_module.rows()) - {"specdec"}  # every row but the one needing a drafter
+    # every row but those needing a drafter or a head
+    assert set(pair.options) == set(demo_module.rows()) - {"specdec", "eagle", "eagle tree"}
     assert pair.options["ppd"]["head"] == "N"
-    assert "--specdec-drafter" in pair.skipped["specdec"]
+    assert "--specdec-drafter" in pair.skipped["specdec"] and "--eagle-head" in pair.skipped["eagle"]
 
 
 def test_demo_bad_path_exits_non_zero_with_a_clear_message():

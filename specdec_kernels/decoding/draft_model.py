@@ -108,6 +108,10 @@ class TwoModelDrafter(Drafter):
     def __init__(self, target, draft_model):
         if draft_model is None:
             check.fail(OP, f"strategy {self.name!r} needs draft_model= ({self.needs})")
+        from ..models.eagle3 import Eagle3Drafter
+
+        if isinstance(draft_model, Eagle3Drafter):  # no causal LM: it reads the target's states
+            check.fail(OP, f"an EAGLE-3 head drafts in strategy 'eagle', not {self.name!r}")
         self.target_model, self.draft_model = target, draft_model
 
     def start(self, engine) -> None:

@@ -16,6 +16,7 @@ from ..common import validate as check
 from .bild import BildDecoder
 from .dflash import DFlashDrafter, default_models_lack_it
 from .drafter import Drafter
+from .eagle import EagleDecoder
 from .engine import OP
 from .lookup import LookupDecoder
 from .mtp import MtpDrafter, has_mtp_layers
@@ -129,6 +130,14 @@ TABLE = (
              example="`DFlashDrafter(target, assistant)` (a `muse_glimmer_assistant`)",
              target="a DFlash assistant passed as draft_model (none in the default models)",
              runs_on=default_models_lack_it),
+    Strategy("eagle", EagleDecoder, "strategies/eagle.md", title="EAGLE-3",
+             paper="Li et al., EAGLE-3 (with EAGLE-2's dynamic trees)",
+             draft_source="an EAGLE-3 head reading the target's low, middle and high layer states "
+                          "(chain or dynamic tree)",
+             rule="greedy: exact match; sampling: chain or tree rejection sampling", lossless_when="yes",
+             example="`EagleDecoder(target, Eagle3Drafter.from_pretrained(folder, target))`",
+             partner=Partner("draft_model", "eagle3"), lossless=dict(num_draft_tokens=4),
+             tree=dict(tree_topk=3, tree_nodes=12), draft_length="num_draft_tokens"),
 )
 STRATEGIES: dict[str, Strategy] = {strategy.name: strategy for strategy in TABLE}
 

@@ -13,6 +13,7 @@ More on how it works: docs/internals.md, `specdec_kernels/hf_generate/assisted.p
 
 from ..decoding.strategies import STRATEGIES
 from ..hf.adapters import is_dflash_assistant
+from ..models.eagle3 import Eagle3Drafter
 from .hf_private import assisted_defaults
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
@@ -89,6 +90,8 @@ class Assisted:
                      "muse_glimmer_assistant) as assistant_model and no other strategy (got "
                      f"{type(draft).__name__ if draft is not None else 'no assistant'}, strategy={strategy!r})")
             strategy = "dflash"
+        if strategy is None and isinstance(draft, Eagle3Drafter):  # a head drafts in strategy eagle only
+            strategy = "eagle"
         self.strategy = strategy or ("speculative" if draft is not None else "plain")
         length, schedule = read("num_assistant_tokens"), read("num_assistant_tokens_schedule")
         if length is not None:
