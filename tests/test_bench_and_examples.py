@@ -167,3 +167,24 @@ def test_hf_hook_overhead_bench_runs(tmp_path):
     rows = json.loads((tmp_path / "hf_hook_overhead_cpu.json").read_text())["rows"]
     assert [(r["batch"], r["max_new_tokens"]) for r in rows] == [(1, 1), (1, 48), (4, 1), (4, 48)]
     assert all(r["direct_ms"] > 0 and r["hook_ms"] > 0 for r in rows)
+
+
+def test_drafters_bench_smoke(tmp_path):
+    """bench/drafters.py: a row per method, batch size and mode (skipped ones with their reason), and every greedy
+    row of ours that ran equals HF greedy of its prompt decoded alone."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench/drafters.py"), "--smoke", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "drafters_cpu.json").read_text())
+    rows = result["rows"]
+    methods = {"hf greedy", "draft model chain", "draft model tree", "specdec", "lookup", "eagle chain", "eagle tree",
+               "hf assisted"}
+    assert {(row["batch"], row["mode"], row["method"]) for row in rows} == {
+        (b, mode, m) for b in (1, 2) for mode in ("greedy", "sample") for m in methods}
+    ran = [row for row in rows if row["status"] == "ok"]
+    assert {row["method"] for row in ran} >= methods - {"eagle chain", "eagle tree"}  # eagle: only with a head
+    ours = [row for row in ran if row["mode"] == "greedy" and not row["method"].startswith("hf ")]
+    assert ours and all(row["identical_to_greedy"] is True for row in ours)
+    assert all(row["status"] == "greedy only" for row in rows if row["method"] == "specdec" and row["mode"] == "sample")
+    assert all(row["status"] == "batch 1 only" for row in rows if row["method"] == "hf assisted" and row["batch"] > 1)
+    assert len(result["meta"]["targets"]) == 3 and "## Targets" in (tmp_path / "drafters_cpu.md").read_text()
