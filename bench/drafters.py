@@ -31,6 +31,7 @@ import torch
 
 import specdec_kernels
 from _heldout_slice import heldout_examples
+from _method_bars import ForwardCounter, method_bars, sync
 from _report import write_report
 
 METHODS = ("hf greedy", "draft model chain", "draft model tree", "specdec", "lookup", "eagle chain", "eagle tree",
@@ -61,25 +62,6 @@ def parse_args(argv):
         args.modes = ["greedy", "sample"]
     args.stem = args.stem or f"drafters_{torch.device(args.device).type}"
     return args
-
-
-class ForwardCounter:
-    """Counts the target's forward calls (HF's loop: one per step, the prefill included)."""
-
-    def __init__(self, model):
-        self.calls = 0
-        self.handle = model.register_forward_pre_hook(self._count)
-
-    def _count(self, *args):
-        self.calls += 1
-
-    def remove(self):
-        self.handle.remove()
-
-
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def skipped(method: str, size: int, mode: str, models) -> str | None:
@@ -267,43 +249,10 @@ def targets(rows: list[dict]) -> list[str]:
 
 
 def plot(rows: list[dict], path: Path, meta: dict) -> None:
-    """Tokens/s (median, min-max) and tokens per target forward per method, a bar per batch size and mode."""
-    try:
-        import matplotlib
-    except ImportError:
-        print(f"bench/drafters.py: matplotlib is not installed, no {path.name}", file=sys.stderr)
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = [r for r in rows if r["status"] == "ok"]
-    names = [m for m in METHODS if any(r["method"] == m for r in ok)]
-    groups = list(dict.fromkeys((r["batch"], r["mode"]) for r in ok))
-    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
-    width = 0.8 / max(len(groups), 1)
-    for j, (size, mode) in enumerate(groups):
-        xs, heights, low, high, tpf = [], [], [], [], []
-        for i, name in enumerate(names):
-            r = next((r for r in ok if (r["batch"], r["mode"], r["method"]) == (size, mode, name)), None)
-            if r is None:
-                continue
-            xs.append(i + j * width)
-            heights.append(r["tokens_per_s"])
-            low.append(r["tokens_per_s"] - r["tokens_per_s_min"])
-            high.append(r["tokens_per_s_max"] - r["tokens_per_s"])
-            tpf.append(r["tokens_per_forward"])
-        left.bar(xs, heights, width, yerr=[low, high], capsize=3, label=f"batch {size}, {mode}")
-        right.bar(xs, tpf, width, label=f"batch {size}, {mode}")
-    for axes, label in ((left, "tokens/s (median, min-max)"), (right, "tokens per target forward")):
-        axes.set_xticks([i + width * (len(groups) - 1) / 2 for i in range(len(names))])
-        axes.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
-        axes.set_ylabel(label)
-        axes.legend(fontsize=7)
-    figure.suptitle(f"drafters on the default models, held-out prompts ({meta['device']}, {meta['date']})",
-                    fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    """Tokens/s and tokens per target forward per method, a bar per batch size and mode."""
+    names = [m for m in METHODS if any(r["method"] == m and r["status"] == "ok" for r in rows)]
+    method_bars(rows, path, f"drafters on the default models, held-out prompts ({meta['device']}, {meta['date']})",
+                names, group_of=lambda r: (r["batch"], r["mode"]), label_of=lambda group: "batch {}, {}".format(*group))
 
 
 def main(argv=None) -> int:

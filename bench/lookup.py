@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 import specdec_kernels
+from _method_bars import ForwardCounter, method_bars, sync
 from _report import write_report
 from _stdlib_text import HELD_OUT, stdlib_files
 
@@ -83,25 +84,6 @@ def edit_prompts(tokenizer, count: int, low: int = 40, high: int = 64) -> list[s
             if len(prompts) == count:
                 return prompts
     return prompts
-
-
-class ForwardCounter:
-    """Counts the target's forward calls (HF's loop: one per step, the prefill included)."""
-
-    def __init__(self, model):
-        self.calls = 0
-        self.handle = model.register_forward_pre_hook(self._count)
-
-    def _count(self, *args):
-        self.calls += 1
-
-    def remove(self):
-        self.handle.remove()
-
-
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def methods(target, args, caches: dict) -> dict:
@@ -258,38 +240,10 @@ def targets(rows: list[dict]) -> list[str]:
 
 
 def plot(rows: list[dict], path: Path, meta: dict) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = [r for r in rows if r["status"] == "ok"]
-    names = list(dict.fromkeys(r["method"] for r in ok))
-    sizes = sorted({r["batch"] for r in ok})
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    width = 0.8 / len(sizes)
-    for j, size in enumerate(sizes):
-        xs, heights, low, high, tpf = [], [], [], [], []
-        for i, name in enumerate(names):
-            r = next((r for r in ok if r["batch"] == size and r["method"] == name), None)
-            if r is None:
-                continue
-            xs.append(i + j * width)
-            heights.append(r["tokens_per_s"])
-            low.append(r["tokens_per_s"] - r["tokens_per_s_min"])
-            high.append(r["tokens_per_s_max"] - r["tokens_per_s"])
-            tpf.append(r["tokens_per_forward"])
-        left.bar(xs, heights, width, yerr=[low, high], capsize=3, label=f"batch {size}")
-        right.bar(xs, tpf, width, label=f"batch {size}")
-    for axes, label in ((left, "tokens/s (median, min-max)"), (right, "tokens per target forward")):
-        axes.set_xticks([i + width * (len(sizes) - 1) / 2 for i in range(len(names))])
-        axes.set_xticklabels([n.replace(" (LookupCache)", "").replace(", ", ",\n") for n in names], rotation=30,
-                             ha="right", fontsize=7)
-        axes.set_ylabel(label)
-        axes.legend()
-    figure.suptitle(f"lookup drafts, workload 'edit' ({meta['device']}, {meta['date']})", fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    names = list(dict.fromkeys(r["method"] for r in rows if r["status"] == "ok"))
+    method_bars(rows, path, f"lookup drafts, workload 'edit' ({meta['device']}, {meta['date']})", names,
+                group_of=lambda r: r["batch"], label_of=lambda size: f"batch {size}",
+                tick=lambda n: n.replace(" (LookupCache)", "").replace(", ", ",\n"))
 
 
 def main(argv=None) -> int:
