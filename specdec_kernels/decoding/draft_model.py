@@ -14,7 +14,7 @@ from torch import Tensor
 from ..common import validate as check
 from .drafter import Drafter
 from .engine import OP, adapt_model
-from .standardize import draw, fit_vocab, standardize
+from .standardize import draft_token, fit_vocab
 
 
 def check_pair(target, draft) -> None:
@@ -118,13 +118,8 @@ class TwoModelDrafter(Drafter):
         self.draft = DraftModel(self.draft_model, engine)
 
     def draft_token(self, engine, logits: Tensor, counter: Tensor) -> tuple[Tensor, Tensor | None]:
-        """The draft's token from its logits [B, V]: argmax, or a draw from the standardised q at
-        the Philox counter `counter` [B] (q is returned too: the accept rule needs exactly the q
-        the token came from)."""
-        if not engine.sampling.do_sample:
-            return torch.argmax(logits, dim=-1), None
-        q = standardize(logits, engine.sampling)
-        return draw(q, engine.seeds, counter), q
+        """standardize.draft_token with the call's sampling and seeds, at the Philox counter `counter` [B]."""
+        return draft_token(logits, engine.sampling, engine.seeds, counter)
 
     def commit(self, engine, proposal, accepted) -> None:
         """The draft cache keeps the committed tokens but the last two (a chain's step)."""

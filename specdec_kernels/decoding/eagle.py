@@ -23,7 +23,7 @@ from . import draft_tree
 from .drafter import Drafter
 from .engine import OP, weight_addresses
 from .hidden_states import FINAL_NORM
-from .standardize import draw, standardize
+from .standardize import draft_token
 from .step import Proposal, StepPlan
 from .verifier import SIBLINGS, Verification, chain_rule
 
@@ -141,13 +141,10 @@ class EagleDecoder(Drafter):
             if i:  # a draft's entry, forgotten below
                 last = self.forward(last, drafts[-1].unsqueeze(1))
                 self.cache.commit(1)
-            logits = self.head.logits(last[:, -1])
-            if engine.sampling.do_sample:
-                q = standardize(logits, engine.sampling)
-                drafts.append(draw(q, engine.seeds, engine.cursor + i))
+            token, q = draft_token(self.head.logits(last[:, -1]), engine.sampling, engine.seeds, engine.cursor + i)
+            drafts.append(token)
+            if q is not None:
                 probs.append(q)
-            else:
-                drafts.append(torch.argmax(logits, dim=-1))
         self.cache.seq_lens.sub_(self.tree.depth - 1)
         return Proposal(torch.stack(drafts, dim=1), torch.stack(probs, dim=1) if probs else None)
 

@@ -22,7 +22,7 @@ from ..common import validate as check
 from .drafter import Drafter
 from .engine import OP, weight_addresses
 from .hidden_states import FINAL_NORM
-from .standardize import draw, fit_vocab, standardize
+from .standardize import draft_token, fit_vocab
 from .step import Proposal, StepPlan
 from .verifier import Verification, chain_rule
 
@@ -121,12 +121,10 @@ class MtpDrafter(Drafter):
                 last = self.forward(last, drafts[-1].unsqueeze(1))
                 self.cache.commit(1)
             logits = fit_vocab(self.mtp._project_to_logits(last)[:, -1], engine.vocab)
-            if engine.sampling.do_sample:
-                q = standardize(logits, engine.sampling)
-                drafts.append(draw(q, engine.seeds, engine.cursor + i))
+            token, q = draft_token(logits, engine.sampling, engine.seeds, engine.cursor + i)
+            drafts.append(token)
+            if q is not None:
                 probs.append(q)
-            else:
-                drafts.append(torch.argmax(logits, dim=-1))
         self.cache.seq_lens.sub_(self.k - 1)
         return Proposal(torch.stack(drafts, dim=1), torch.stack(probs, dim=1) if probs else None)
 

@@ -84,6 +84,15 @@ def draw(probs: Tensor, seeds: Tensor, counters: Tensor, salt: int = SALT_DRAFT)
     return sample_with_fallback(weights, weights, u)
 
 
+def draft_token(logits: Tensor, sampling: Sampling, seeds: Tensor, counters: Tensor) -> tuple[Tensor, Tensor | None]:
+    """A drafter's token from its logits [B, V]: the argmax (greedy), or a draw from the standardised q at the
+    Philox counters [B], with q (the accept rule needs exactly the q the token came from)."""
+    if not sampling.do_sample:
+        return torch.argmax(logits, dim=-1), None
+    q = standardize(logits, sampling)
+    return draw(q, seeds, counters), q
+
+
 def fit_vocab(logits: Tensor, vocab: int) -> Tensor:
     """Draft logits [..., V_draft] on the target's vocabulary [..., vocab]: an LM head padded past
     the tokenizer is truncated, a smaller one padded with -inf (zero draft probability; a draft
