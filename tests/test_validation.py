@@ -375,10 +375,78 @@ def test_every_op_has_cases():
     assert set(OPS) == {n for n in ops.__all__ if n not in ("BACKENDS", "implemented_backends", "registered_ops", "resolve")}
 
 
+CHAIN_VERIFY = ("rejection_sample", "rejection_sample_logits", "block_verify", "block_verify_logits", "greedy_verify",
+                "relaxed_verify", "bild_verify")
+
+
+def assert_chain_verdict(kwargs: dict, out) -> None:
+    """Row b accepts n <= its drafts: the first n drafts as given, then one token in [0, V), then -1 padding."""
+    tokens, num_accepted = out
+    drafts = kwargs["draft_tokens"]
+    vocab = next(kwargs[k] for k in ("target_probs", "target_logits") if k in kwargs).shape[-1]
+    count = kwargs.get("num_draft_tokens")
+    for b in range(drafts.shape[0]):
+        n, limit = int(num_accepted[b]), drafts.shape[1] if count is None else int(count[b])
+        assert 0 <= n <= limit and tokens.shape == (drafts.shape[0], drafts.shape[1] + 1)
+        assert torch.equal(tokens[b, :n], drafts[b, :n].to(tokens.dtype))
+        assert 0 <= int(tokens[b, n]) < vocab and bool((tokens[b, n + 1:] == -1).all())
+
+
+def assert_tree_verdict(kwargs: dict, out) -> None:
+    """Row b accepts a root-first path of n nodes, each the child of the one before (at most max_depth): its tokens,
+    then one token in [0, V), then -1 padding."""
+    tokens, num_accepted, nodes = out
+    parents, tree_tokens = kwargs["parents"], kwargs["tree_tokens"]
+    vocab = next(kwargs[k] for k in ("target_probs", "target_logits") if k in kwargs).shape[-1]
+    depth = kwargs.get("max_depth")
+    for b in range(tree_tokens.shape[0]):
+        n = int(num_accepted[b])
+        assert 0 <= n <= (nodes.shape[1] - 1 if depth is None else depth) and int(nodes[b, 0]) == 0
+        for i in range(1, n + 1):
+            assert int(parents[b, nodes[b, i]]) == int(nodes[b, i - 1])
+            assert int(tokens[b, i - 1]) == int(tree_tokens[b, nodes[b, i]])
+        assert bool((nodes[b, n + 1:] == -1).all()) and bool((tokens[b, n + 1:] == -1).all())
+        assert 0 <= int(tokens[b, n]) < vocab
+
+
+def assert_contract(op: str, kwargs: dict, out) -> None:
+    """What any valid call of `op` returns, whatever the values drawn (the docstrings' Returns)."""
+    if op in CHAIN_VERIFY:
+        assert_chain_verdict(kwargs, out)
+    elif op in ("tree_greedy_verify", "tree_rejection_sample"):
+        assert_tree_verdict(kwargs, out)
+    elif op in ("fallback_check", "max_prob"):
+        logits = kwargs["draft_logits" if op == "fallback_check" else "logits"]
+        top = torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+        assert torch.equal(out, top < kwargs["threshold"]) if op == "fallback_check" else torch.allclose(out, top)
+    elif op == "tree_attention":
+        attended, lse = out
+        assert attended.shape == kwargs["q"].shape and bool(torch.isfinite(attended).all() & torch.isfinite(lse).all())
+    elif op == "kv_rollback":
+        assert torch.equal(out, kwargs["seq_lens"] + kwargs["num_accepted"] + 1)
+    elif op == "kv_compact":
+        assert torch.equal(out, kwargs["seq_lens"] + (kwargs["accepted_nodes"] >= 0).sum(-1).to(out.dtype))
+    elif op == "early_exit_topk":
+        values, indices = out
+        assert indices.shape == (kwargs["hidden"].shape[0], kwargs["k"]) and bool(torch.isfinite(values).all())
+        assert bool(((indices >= 0) & (indices < kwargs["lm_head_weight"].shape[0])).all())
+        assert bool((values[:, :-1] >= values[:, 1:]).all())  # best first
+    else:
+        raise AssertionError(f"no contract for {op}: add one")
+
+
 @pytest.mark.parametrize("op", sorted(VALID))
 def test_valid_baseline_call_passes(op):
-    """The base call every bad case is derived from is itself valid."""
-    call(op)
+    """The base call every bad case is derived from is itself valid, and returns what the op promises."""
+    kwargs = VALID[op]()
+    assert_contract(op, kwargs, OPS[op](**kwargs))
+
+
+def test_the_contract_check_fails_a_wrong_verdict():
+    kwargs = VALID["greedy_verify"]()
+    tokens, num_accepted = OPS["greedy_verify"](**kwargs)
+    with pytest.raises(AssertionError):  # a token past the verdict that is not padding
+        assert_contract("greedy_verify", kwargs, (tokens.fill_(0), num_accepted.clamp(max=1)))
 
 
 @pytest.mark.parametrize("op, overrides, exc, pattern", CASES)
@@ -482,7 +550,8 @@ EDGE_CASES = [
 
 @pytest.mark.parametrize("op, overrides", EDGE_CASES, ids=[f"{op}-{i}" for i, (op, _) in enumerate(EDGE_CASES)])
 def test_valid_edge_inputs_pass(op, overrides):
-    call(op, **overrides)
+    kwargs = {**VALID[op](), **overrides}
+    assert_contract(op, kwargs, OPS[op](**kwargs))
 
 
 @pytest.mark.parametrize("op", ["greedy_verify", "relaxed_verify", "bild_verify", "rejection_sample"])
