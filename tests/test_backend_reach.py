@@ -50,6 +50,9 @@ STRATEGIES = {
     "lookup": ({"num_draft_tokens": 2, "lookup_cache": LookupCache()}, ("greedy_verify", "kv_rollback")),
     "lookup tree": ({"num_draft_tokens": 2, "tree_nodes": 3, "lookup_cache": LookupCache()},
                     ("greedy_verify", "kv_rollback")),
+    # the head's own cache runs on the call's backend too (its attention is tree_attention)
+    "eagle": ({"num_draft_tokens": 2}, ("greedy_verify", "kv_rollback")),
+    "eagle tree": ({"num_draft_tokens": 2, "tree_topk": 2, "tree_nodes": 3}, ("tree_greedy_verify", "kv_compact")),
 }
 
 
@@ -71,7 +74,7 @@ def device():
 @pytest.fixture(scope="module")
 def models(device):
     made = make_tiny_default_models()
-    for model in (made.target, made.draft, made.specdec_drafter):
+    for model in (made.target, made.draft, made.specdec_drafter, made.eagle3):
         model.to(device)
     return made
 

@@ -260,12 +260,21 @@ def drafter():
     return SpecDecDrafter(config).eval()
 
 
+def eagle_head(target):
+    from specdec_kernels.training import new_head
+
+    torch.manual_seed(0)
+    layers = target.config.num_hidden_layers
+    return new_head(target, aux_layers=(1, layers, layers), draft_ids=torch.arange(VOCAB)).eval()
+
+
 @pytest.mark.parametrize("label", list(rows()))
 def test_every_strategy_at_its_lossless_settings_replays_kept_graphs(pair, fake, label):
     """Every row of the demo (each strategy of the table, its tree form too) at its lossless settings."""
     target = pair[0]
     name, form = rows()[label]
-    options, skipped = lossless_options({"draft": pair[1], "specdec_drafter": drafter()}, target)
+    parts = {"draft": pair[1], "specdec_drafter": drafter(), "eagle3": eagle_head(target)}
+    options, skipped = lossless_options(parts, target)
     assert name not in skipped  # (mtp, not a demo row, needs a target with MTP layers)
     options = {**options[name], **form}  # one drafter object for both calls (its identity is in the key)
 
