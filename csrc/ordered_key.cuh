@@ -5,13 +5,7 @@
 
 #include <cstdint>
 
-#ifndef SPECDEC_HD
-#if defined(__CUDACC__)
-#define SPECDEC_HD __host__ __device__ __forceinline__
-#else
-#define SPECDEC_HD inline
-#endif
-#endif
+#include "host_device.cuh"
 
 namespace specdec {
 

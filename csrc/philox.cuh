@@ -12,11 +12,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define SPECDEC_HD __host__ __device__ __forceinline__
-#else
-#define SPECDEC_HD inline
-#endif
+#include "host_device.cuh"
 
 namespace specdec {
 
