@@ -91,7 +91,8 @@ def user_checkpoint(tiny_set, tmp_path):
 def test_demo_on_user_target_and_draft_with_mixed_prompts_in_a_batch(tiny_set, tmp_path):
     out = tmp_path / "demo.json"
     done = demo("--target", user_checkpoint(tiny_set, tmp_path), "--draft", tiny_set / "draft", "--specdec-drafter",
-                tiny_set / "specdec_drafter", "--eagle-head", tiny_set / "eagle3", "--max-new-tokens", 4, "--batch-size", 3,
+                tiny_set / "specdec_drafter", "--eagle-head", tiny_set / "eagle3", "--max-new-tokens", 4,
+                "--batch-size", 3,
                 "--prompt", "x = 1\n", "--prompt", "def f(a, b):\n    return", "--repeats", 1, "--json", out)
     for name in STRATEGIES:
         assert f"== {name}  identical to greedy: yes" in done.stdout

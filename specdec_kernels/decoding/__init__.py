@@ -4,8 +4,8 @@ drafter per strategy, named in one table (strategies.py).
 `generate(target, input_ids, strategy=..., ...)` is the entry point (also `specdec_kernels.generate`);
 drafters are usable as objects too (SpeculativeDecoder, a ChainSpeculative or TreeSpeculative; BildDecoder,
 SpecDecDecoder, PPDDecoder, LookupDecoder, EagleDecoder, MtpDrafter, PlainDecoder, or a Drafter of your own);
-LookupCache keeps earlier outputs for strategy "lookup" across calls. On a GPU the draft and verify steps run as CUDA graphs kept
-between calls (graphs.py); clear_graph_cache() frees them.
+LookupCache keeps earlier outputs for strategy "lookup" across calls. On a GPU the draft and verify steps run
+as CUDA graphs kept between calls (graphs.py); clear_graph_cache() frees them.
 """
 
 from .api import generate
@@ -27,6 +27,6 @@ from .strategies import STRATEGIES
 from .verifier import Verification, Verifier
 
 __all__ = ["Accepted", "BildDecoder", "ChainSpeculative", "Drafter", "EagleDecoder", "FINAL_NORM", "GenerateOutput",
-           "LookupCache", "LookupDecoder", "MtpDrafter", "PPDDecoder", "PlainDecoder", "Proposal", "STRATEGIES", "SpecDecDecoder",
-           "SpeculativeDecoder", "Stats", "StepPlan", "TreeSpeculative", "Verification", "Verifier",
+           "LookupCache", "LookupDecoder", "MtpDrafter", "PPDDecoder", "PlainDecoder", "Proposal", "STRATEGIES",
+           "SpecDecDecoder", "SpeculativeDecoder", "Stats", "StepPlan", "TreeSpeculative", "Verification", "Verifier",
            "clear_graph_cache", "generate"]

@@ -1,7 +1,8 @@
 """Models this package defines (HF PreTrainedModels, and the EAGLE-3 head: a torch module; they need transformers).
 
 SpecDecDrafter: SpecDec's block-parallel [MASK] drafter. Eagle3Drafter: an EAGLE-3 head, loaded from a published
-folder. EarlyExitHead(s): PPD's early-exit heads. Importing this package registers its config with AutoConfig/AutoModel, so `AutoModel.from_pretrained(saved_dir)` works too.
+folder. EarlyExitHead(s): PPD's early-exit heads. Importing this package registers SpecDecDrafter's config with
+AutoConfig/AutoModel, so `AutoModel.from_pretrained(saved_dir)` works too.
 """
 
 from transformers import AutoConfig, AutoModel
