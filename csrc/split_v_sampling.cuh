@@ -194,21 +194,24 @@ __device__ __forceinline__ void thread_weight_sums(const T* p_row, const T* q_ro
   }
 }
 
-// Inverse-CDF scan of [start, end): the first index whose cumulative weight carry + sum(w[start..index])
-// exceeds `threshold` (carry <= threshold), to every thread; -1 when the range's weight never does.
-// load(i, w) fills the K weights of the slot at index i (0 past end). Slots are dealt in index order
-// (tile-major, then thread, then element), so the block scan walks the range in index order; it stops
-// after the tile that crosses the threshold.
-template <int K, typename Load>
-__device__ __forceinline__ long long block_scan_crossing(int64_t start, int64_t end, long long threshold,
-                                                         long long carry, long long* scan_scratch,
-                                                         long long* s_found, Load load) {
+// Inverse-CDF search in [start, end): the first index whose cumulative weight carry +
+// sum(w[start..index]) exceeds `threshold`, w = the residual weights when q_row is not null,
+// else P's plain weights. Requires carry <= threshold. Returns that index to every thread, or
+// -1 when the cumulative weight of the range never exceeds threshold. Slots are dealt in
+// index order (tile-major, then thread, then element), so the block scan walks the row in
+// index order; it stops after the tile that crosses the threshold.
+template <typename T, typename Prob, typename Resid>
+__device__ __forceinline__ int64_t block_find_crossing(const T* p_row, const T* q_row, int64_t start, int64_t end,
+                                                       bool vec, const Prob& prob_p, const Prob& prob_q,
+                                                       const Resid& resid, int64_t threshold, long long carry,
+                                                       long long* scan_scratch, long long* s_found) {
+  constexpr int K = Vec16<T>::kElems;
   if (threadIdx.x == 0) *s_found = -1;  // ordered before any owner's write by the scan's barriers
   const int64_t slots = (end - start + K - 1) / K;
   for (int64_t tile = 0; tile < slots; tile += kThreads) {  // uniform trip count
     const int64_t i = start + (tile + threadIdx.x) * K;     // >= end for idle threads: weights 0
     int64_t w[K];
-    load(i, w);
+    load_search_weights(p_row, q_row, i, end, vec, prob_p, prob_q, resid, w);
     long long local = 0;
 #pragma unroll
     for (int k = 0; k < K; ++k) local += w[k];
@@ -232,19 +235,6 @@ __device__ __forceinline__ long long block_scan_crossing(int64_t start, int64_t 
   const long long found = *s_found;
   __syncthreads();  // nobody resets *s_found before everyone has read it
   return found;
-}
-
-// block_scan_crossing over the residual weights when q_row is not null, else P's plain weights.
-template <typename T, typename Prob, typename Resid>
-__device__ __forceinline__ int64_t block_find_crossing(const T* p_row, const T* q_row, int64_t start, int64_t end,
-                                                       bool vec, const Prob& prob_p, const Prob& prob_q,
-                                                       const Resid& resid, int64_t threshold, long long carry,
-                                                       long long* scan_scratch, long long* s_found) {
-  return block_scan_crossing<Vec16<T>::kElems>(start, end, threshold, carry, scan_scratch, s_found,
-                                               [&](int64_t i, auto& w) {
-                                                 load_search_weights(p_row, q_row, i, end, vec, prob_p, prob_q,
-                                                                     resid, w);
-                                               });
 }
 
 // The V-chunk whose cumulative range of chunk totals (.x residual when use_r, else .y) holds

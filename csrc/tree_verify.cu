@@ -361,14 +361,37 @@ __device__ long long rescan_chunk(const RowView<T>& row, const Outcome& o, int64
   const T* p_row = row.p_row(o.cur);
   const T* q_base = row.template q_base<WR>(o.cur);
   const bool vec = rows_aligned16(row, o.cur);
-  return split_v::block_scan_crossing<K>(start, end, threshold, carry, scan_scratch, s_found,
-                                         [&](int64_t i, auto& w) {
-                                           float p[K];
-                                           split_v::load_values(p_row, i, end, vec, p);
-                                           tree_walk::slot_draw_weights<WR, K>(
-                                               p, SlotQ<T, WR>{q_base, row.q_sn, i, end, vec}, row.table,
-                                               row.tree.N, o.plain, o.count, i, w);
-                                         });
+  if (threadIdx.x == 0) *s_found = -1;  // ordered before any owner's write by the scan's barriers
+  const int64_t slots = (end - start + K - 1) / K;
+  for (int64_t tile = 0; tile < slots; tile += kSplitThreads) {  // uniform trip count
+    const int64_t i = start + (tile + threadIdx.x) * K;           // >= end for idle threads: weights 0
+    float p[K];
+    split_v::load_values(p_row, i, end, vec, p);
+    int64_t w[K];
+    tree_walk::slot_draw_weights<WR, K>(p, SlotQ<T, WR>{q_base, row.q_sn, i, end, vec}, row.table, row.tree.N,
+                                        o.plain, o.count, i, w);
+    long long local = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) local += w[k];
+    long long tile_total;
+    long long cum = carry + split_v::block_exclusive_scan(local, scan_scratch, tile_total);
+    if (cum <= threshold && threshold < cum + local) {  // cumulative weights never decrease: one owner
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        cum += w[k];
+        if (cum > threshold) {
+          *s_found = i + k;
+          break;
+        }
+      }
+    }
+    carry += tile_total;  // identical in every thread
+    if (carry > threshold) break;
+  }
+  __syncthreads();
+  const long long found = *s_found;
+  __syncthreads();
+  return found;
 }
 
 // The completer of `stage` (the whole CTA): thread 0 runs the walk's serial part; if the walk
