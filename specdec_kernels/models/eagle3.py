@@ -119,6 +119,10 @@ class Eagle3Drafter(nn.Module):
         for name in ("q_proj", "k_proj", "v_proj"):  # the attention reads [embedding ; state]: 2h wide
             setattr(attention, name, nn.Linear(2 * h, getattr(attention, name).out_features, bias=bias))
         self.self_attn = attention
+        # the attention forward's cache keyword: `cache` in recent transformers, `past_key_values` before
+        from ..hf.cache_keyword import cache_keyword
+
+        self.cache_keyword = cache_keyword(type(attention).forward)
         self.post_attention_layernorm = LlamaRMSNorm(h, eps=eps)
         self.mlp = LlamaMLP(llama_config)
         self.norm = LlamaRMSNorm(h, eps=eps)
@@ -228,10 +232,13 @@ class Eagle3Drafter(nn.Module):
         final-norm state when the head reads no aux layers)."""
         return self.fc(torch.cat(states, dim=-1)) if self.fc is not None else states[0]
 
-    def forward(self, states: Tensor, tokens: Tensor, position_ids: Tensor, **attention) -> Tensor:
+    def forward(self, states: Tensor, tokens: Tensor, position_ids: Tensor, cache=None, **attention) -> Tensor:
         """states [B, N, h] (s of each position), tokens [B, N] int64 (the token right of it), position_ids
-        [B, N] -> out [B, N, h], the state the next step reads. `attention`: the attention module's
-        keywords (a cache and its step: SpecCache forwards; or attention_mask for training)."""
+        [B, N] -> out [B, N, h], the state the next step reads. cache: the attention's KV cache (a SpecCache
+        with specdec_step in `attention`, or training's unrolled steps), passed under the installed
+        transformers' keyword; `attention`: the attention module's other keywords (attention_mask)."""
+        if cache is not None:
+            attention[self.cache_keyword] = cache
         residual = self.hidden_norm(states) if self.norm_before_residual else states
         joined = torch.cat([self.input_layernorm(self.embed(tokens)), self.hidden_norm(states)], dim=-1)
         cos_sin = self.rotary(states, position_ids)
