@@ -121,13 +121,15 @@ class EagleDecoder(Drafter):
         states = self.head.combine([engine.hidden.states(layer) for layer in self.target_layers()])
         tokens = engine.prompts[:, 1:states.shape[1] + 1] if first else self.fed  # [B, max_width + 1] as states
         out = self.forward(states, tokens)  # the committed pairs; the tree holds the last one back
-        last = out.gather(1, (count - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, out.shape[-1]))
+        before_last = (count - 1).clamp(min=0)
+        at_last = before_last.view(-1, 1, 1).expand(-1, 1, out.shape[-1])
+        last = out.gather(1, at_last)
         if self.tree.chain:
             self.cache.commit(count)
             return self.chain(engine, last)
-        self.cache.commit((count - 1).clamp(min=0))
+        self.cache.commit(before_last)
         self.held.copy_((count > 0).to(torch.int64))
-        return self.grow(engine, states.gather(1, (count - 1).clamp(min=0).view(-1, 1, 1).expand_as(last)), last)
+        return self.grow(engine, states.gather(1, at_last), last)
 
     def forward(self, states: Tensor, tokens: Tensor, parents: Tensor | None = None) -> Tensor:
         """The head over states [B, N, h] and tokens [B, N] written at the cache's seq_lens (a chain, or the

@@ -80,13 +80,13 @@ def ttt_loss(head: Eagle3Drafter, states: list, rows: Tensor, logprobs: Tensor, 
     state = head.combine([s[:, :length] for s in states])
     tokens, positions = rows[:, 1:], torch.arange(length, device=rows.device).expand(rows.shape[0], -1)
     keys, total, weights = _StepKeys(), 0.0, 0.0
+    draft_ids = head.target_ids(torch.arange(head.draft_vocab, device=rows.device))  # the draft vocabulary's target ids
     for step in range(ttt_steps):
         out = head(state, tokens, positions, cache=keys, attention_mask=ttt_mask(length, step, rows.device))
         valid = slice(step, length)  # t >= step: a chain of `step` drafts stands behind position t
         draft = head.draft_logits(out[:, valid]).float().log_softmax(-1)
         # the target's law at t + 1, restricted to the draft vocabulary (mass off it is unreachable)
-        target = logprobs[:, step + 1:length + 1].index_select(-1, head.target_ids(torch.arange(
-            head.draft_vocab, device=rows.device)))
+        target = logprobs[:, step + 1:length + 1].index_select(-1, draft_ids)
         loss = F.kl_div(draft.flatten(0, 1), target.log_softmax(-1).flatten(0, 1), log_target=True,
                         reduction="batchmean")
         total, weights = total + 0.8 ** step * loss, weights + 0.8 ** step
