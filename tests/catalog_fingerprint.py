@@ -1,5 +1,6 @@
 """Fingerprints of the selftest's case catalog: every case's op, name and dtype with a hash of its inputs
-(seed 0) and of its reference outputs, per profile. tests/test_catalog_fingerprint.py holds the catalog to the
+(seed 0) and of its reference outputs, its graph flag and backends, and a hash of its judgement (what its compare
+says of the reference itself and of the reference with one output nudged), per profile. tests/test_catalog_fingerprint.py holds the catalog to the
 fingerprints recorded in tests/catalog_fingerprints.json, so a restructuring of the catalog shows, case by case,
 that it builds the same problems and expects the same answers.
 
@@ -43,6 +44,36 @@ def hashed(value) -> str:
     return sha.hexdigest()[:16]
 
 
+def nudged(value):
+    """An output one step off: integers + 1, floats + 0.5 (NaN stays NaN, so compare's NaN rules show too)."""
+    if value.dtype == torch.bool:
+        return ~value
+    return value + (1 if not value.is_floating_point() else 0.5)
+
+
+def verdict(case, got, want, inputs) -> str:
+    """compare's verdict on `got`, then each of its checks' (selftest.compare.with_checks) on it alone: a check
+    behind a failing compare would not speak otherwise."""
+    said = []
+    for judge in (lambda: case.compare(got, want, inputs),
+                  *(lambda check=check: check(got, inputs) for check in getattr(case.compare, "checks", ()))):
+        try:
+            said.append(repr(judge()))
+        except Exception as error:  # noqa: BLE001 - a nudged count may index past the drafts: that is a verdict too
+            said.append(f"{type(error).__name__}: {error}")
+    return " | ".join(said)
+
+
+def judgement(case, want, inputs) -> str:
+    """A hash of the case's verdicts on the reference itself and on the reference with output i nudged, for each
+    tensor output i; a row that lost a check or changed a tolerance shows here though it builds the same problem."""
+    verdicts = [verdict(case, want, want, inputs)]
+    for i, output in enumerate(want):
+        if isinstance(output, torch.Tensor) and output.numel():
+            verdicts.append(verdict(case, tuple(nudged(o) if j == i else o for j, o in enumerate(want)), want, inputs))
+    return hashed(verdicts)
+
+
 def families() -> dict:
     """The catalog's case families by name (selftest.CASE_FAMILIES, in order)."""
     from specdec_kernels import selftest
@@ -51,7 +82,7 @@ def families() -> dict:
 
 
 def fingerprints(profile: str, family: str) -> list[list]:
-    """[op, name, dtype, inputs hash, reference hash] of every case of one family at `profile`, in order; one
+    """[op, name, dtype, inputs hash, reference hash, graph, backends, judgement hash] of every case of one family at `profile`, in order; one
     thread (a bfloat16 reduction split over threads rounds otherwise)."""
     rows, threads = [], torch.get_num_threads()
     torch.set_num_threads(1)
@@ -59,7 +90,9 @@ def fingerprints(profile: str, family: str) -> list[list]:
         for case in families()[family](profile, torch.device("cpu")):
             inputs = case.build(0)
             want = case.reference(inputs) if case.reference else case.run(inputs, "torch")
-            rows.append([case.op, case.name, str(case.dtype).replace("torch.", ""), hashed(inputs), hashed(want)])
+            inputs_hash, want_hash = hashed(inputs), hashed(want)  # before the judgement reads them
+            rows.append([case.op, case.name, str(case.dtype).replace("torch.", ""), inputs_hash, want_hash,
+                         case.graph, list(case.backends), judgement(case, want, inputs)])
     finally:
         torch.set_num_threads(threads)
     return rows

@@ -37,3 +37,20 @@ def test_the_fingerprint_sees_a_changed_value():
     nudged = torch.arange(6.0).view(2, 3)
     nudged[1, 2] = torch.nextafter(nudged[1, 2], torch.tensor(10.0))  # one ulp
     assert hashed(base) != hashed({**base, "x": nudged})
+
+
+def test_the_judgement_sees_a_lost_check_and_a_wider_tolerance():
+    from catalog_fingerprint import judgement
+    from specdec_kernels.selftest.compare import close, expect, with_checks
+    from specdec_kernels.selftest.model import Case
+
+    want, inputs = (torch.tensor([1.0, 2.0]),), {"x": torch.zeros(2)}
+
+    def case(compare):
+        return Case("op", "name", torch.float32, lambda seed: inputs, lambda x, be: want, compare)
+
+    base = close(("out",), ((1e-3, 1e-3),))
+    checked = with_checks(base, expect("out[0] == 1", lambda got, x: bool(got[0][0] == 1)))
+    assert judgement(case(checked), want, inputs) == judgement(case(checked), want, inputs)
+    assert judgement(case(checked), want, inputs) != judgement(case(base), want, inputs)  # the check's verdict
+    assert judgement(case(base), want, inputs) != judgement(case(close(("out",), ((1.0, 1.0),))), want, inputs)

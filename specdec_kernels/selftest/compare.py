@@ -216,6 +216,8 @@ def with_checks(compare, *checks):
                 break
             problem = check(got, inputs)
         return error, problem
+    # what tests/catalog_fingerprint.py reads to judge each check apart from the compare it follows
+    wrapped.checks = getattr(compare, "checks", ()) + checks
     return wrapped
 
 
