@@ -16,7 +16,7 @@ import torch
 
 from .compare import close, expect, with_checks
 from .inputs import seeded_generator, random_parents
-from .model import DTYPES, Case, Row
+from .model import DTYPES, Row, cases
 from .tiles import run_with_tiles
 
 
@@ -358,5 +358,4 @@ def attention_cases(profile, device):
     rows = _shape_rows(profile)
     for group in (_interpreter_rows, _gpu_matrix_rows, _gpu_rows, _long_prefix_rows, _empty_rows):
         rows += group(profile)
-    return [Case("tree_attention", row.name, row.dtype, partial(row.build, device=device, **row.settings),
-                 run_attention, row.compare, graph=row.graph) for row in rows]
+    return cases("tree_attention", run_attention, rows, device)

@@ -13,7 +13,7 @@ import torch
 
 from ..common.limits import FUSED_MAX_K
 from .compare import shortened, exact, expect, with_checks
-from .model import DTYPES, Case, Row
+from .model import DTYPES, Row, cases
 from .tiles import run_with_tiles
 
 NORMS = ("rms", "layer", "none")
@@ -345,5 +345,4 @@ def _edge_rows(profile):
 
 
 def early_exit_cases(profile, device):
-    return [Case("early_exit_topk", row.name, row.dtype, partial(row.build, device=device, **row.settings), run_topk,
-                 row.compare, graph=row.graph) for row in _shape_rows(profile) + _edge_rows(profile)]
+    return cases("early_exit_topk", run_topk, _shape_rows(profile) + _edge_rows(profile), device)

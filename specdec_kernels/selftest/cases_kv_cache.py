@@ -14,7 +14,7 @@ import torch
 
 from .compare import exact, expect, with_checks
 from .inputs import seeded_generator
-from .model import DTYPES, Case, Row
+from .model import DTYPES, Row, cases
 
 OUTPUTS = ("new_seq_lens", "k_caches", "v_caches")
 LAYOUT_NAMES = {"stacked": "one allocation [L, B, Hkv, S, D]", "kv_interleaved": "one allocation [L, 2, B, Hkv, S, D]",
@@ -321,9 +321,6 @@ def _rollback_rows(profile):
 
 
 def kv_cases(profile, device):
-    compact = [Case("kv_compact", row.name, row.dtype, partial(row.build, device=device, **row.settings), run_compact,
-                    row.compare, graph=row.graph) for row in _shape_rows(profile) + _edge_rows(profile)]
-    rollback = [Case("kv_rollback", row.name, row.dtype, partial(row.build, device=device, **row.settings),
-                     run_rollback, row.compare, graph=row.graph, reference=rollback_arithmetic, backends=("torch",))
-                for row in _rollback_rows(profile)]
-    return compact + rollback
+    return (cases("kv_compact", run_compact, _shape_rows(profile) + _edge_rows(profile), device)
+            + cases("kv_rollback", run_rollback, _rollback_rows(profile), device, backends=("torch",),
+                    reference=rollback_arithmetic))

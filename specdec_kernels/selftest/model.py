@@ -1,6 +1,7 @@
 """The selftest's data model: a check's Result, a Case (how to build, run and judge one problem), the Plan of a run."""
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, NamedTuple
 
 import torch
@@ -61,10 +62,20 @@ class Plan:
 
 
 class Row(NamedTuple):
-    """One case of an op's table: its inputs are build(seed, device=..., **settings)."""
+    """One case of an op's table: its inputs are build(seed, device=..., **settings). The catalog's one
+    language: a family is ordinary functions that return these rows, built in loops over its tiers."""
     name: str
     dtype: torch.dtype | None
     build: Callable
     settings: dict
     compare: Callable
     graph: bool = False
+    reference: Callable | None = None  # reference(inputs) -> outputs; None: the op's torch backend
+
+
+def cases(op: str, run: Callable, rows: list, device, *, backends: tuple = (), reference: Callable | None = None
+          ) -> list:
+    """The Cases of `op` from its rows: each row's build bound to the device and its settings; `reference`
+    serves the rows that name none."""
+    return [Case(op, row.name, row.dtype, partial(row.build, device=device, **row.settings), run, row.compare,
+                 graph=row.graph, reference=row.reference or reference, backends=backends) for row in rows]
