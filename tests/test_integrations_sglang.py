@@ -3,16 +3,19 @@
 Ported facts (our own code and data, the assertions of SGLang's kernel tests):
 - sgl-kernel tests/speculative/test_eagle_utils.py::test_verify_tree_greedy: the two-row tree's
   exact predicts / accept_index / accept_token_num.
-- sgl-kernel tests/speculative/test_speculative_sampling.py:
-  test_tree_speculative_sampling_target_only (thresholds (1, 1) and (0, 0), near one-hot targets,
-  any coins: exact outputs); the rejection-mask tests (a rejected token never comes back as the
-  new token; a near one-hot chain accepts every draft); the k-ary / star / random-shape grids
-  (thresholds (1, 1), (0, 0), (0.9, 0.7), (0.5, 1); logit scales 0 to 10; root-only and one-node
-  trees; `deterministic` True and False give the same outputs) are checked here against a plain
-  model of SGLang's kernel (tests/sglang_support.py).
-Plus: chi-square tests of the threshold-1 path (target-only and real draft probabilities), and
-one test per difference listed in docs/flashinfer-sglang.md (each named after its difference).
+- sgl-kernel tests/speculative/test_speculative_sampling.py, at the thresholds the adapter runs (1, 1):
+  test_tree_speculative_sampling_target_only (near one-hot targets, any coins: exact outputs); the
+  rejection-mask tests (a rejected token never comes back as the new token; a near one-hot chain
+  accepts every draft); the k-ary / star / random-shape grids (logit scales 0 to 10; root-only and
+  one-node trees; `deterministic` True and False give the same outputs) are checked here against a
+  plain model of SGLang's kernel (tests/sglang_support.py). Lower thresholds (SGLang's lossy rule,
+  restated in tests/sglang_rule.py) are refused: a test shows why (lossy).
+Plus: chi-square tests of the threshold-1 path (target-only and real draft probabilities), the
+positional parameters pinned to sgl-kernel's (TRACKS), and one test per difference listed in
+docs/flashinfer-sglang.md (each named after its difference).
 """
+
+import inspect
 
 import pytest
 import torch
@@ -21,11 +24,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdec_kernels import ops
 from specdec_kernels.integrations import sglang as sg
-from specdec_kernels.integrations import sglang_layout, sglang_rule
+from specdec_kernels.integrations import sglang_layout
 from specdec_kernels.common import sampling
 from sglang_support import (distinct_sibling_tokens, kary_children, outputs, random_children, sglang_example,
                                   sglang_greedy_model, sglang_sampling_model, star_children, tree_tensors)
 from gpu_support import backends_here
+import sglang_rule
 
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -43,8 +47,19 @@ def moved(backend, tensors):
 def sample(candidates, retrive_index, next_token, next_sibling, coins, final, probs, steps, draft=None, *,
            backend="torch", out_dtype=torch.int32, **thresholds):
     out = moved(backend, outputs(*candidates.shape, steps, out_dtype))
-    inputs = moved(backend, (candidates, retrive_index, next_token, next_sibling, coins, final, probs, draft))
-    sg.tree_speculative_sampling_target_only(*out, *inputs, backend=backend, **thresholds)
+    *inputs, draft = moved(backend, (candidates, retrive_index, next_token, next_sibling, coins, final, probs, draft))
+    sg.tree_speculative_sampling_target_only(*out, *inputs, draft_probs=draft, backend=backend, **thresholds)
+    return [t.tolist() for t in out]
+
+
+def lossy_sample(candidates, retrive_index, next_token, next_sibling, coins, final, probs, steps, *,
+                 threshold_single, threshold_acc):
+    """SGLang's rule at any thresholds (tests/sglang_rule.py), written back in SGLang's layout as `sample`."""
+    out = outputs(*candidates.shape, steps)
+    tree = sglang_layout.Tree(next_token, next_sibling, steps - 1)
+    path, num, emitted = sglang_rule.threshold_rule(tree, candidates, probs, None, coins, final, threshold_single,
+                                                    threshold_acc, steps, "torch")
+    sglang_layout.write_back(*out, retrive_index, path, num, emitted)
     return [t.tolist() for t in out]
 
 
@@ -76,29 +91,23 @@ def test_greedy_sglang_example(backend):
     assert (predicts.dtype, accept_index.dtype, accept_token_num.dtype) == (torch.int32,) * 3
 
 
-EXAMPLE_EXPECTED = {
-    (1.0, 1.0): ([3, -1, -1, 4, 5, 18, 11, -1, -1, -1, 12, 18], [[0, 3, 4, 5], [6, 10, 11, -1]], [3, 2]),
-    (0.0, 0.0): ([1, 2, 18, -1, -1, -1, 11, -1, -1, -1, 12, 18], [[0, 1, 2, -1], [6, 10, 11, -1]], [2, 2]),
-}
+EXAMPLE_EXPECTED = ([3, -1, -1, 4, 5, 18, 11, -1, -1, -1, 12, 18], [[0, 3, 4, 5], [6, 10, 11, -1]], [3, 2])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("thresholds", list(EXAMPLE_EXPECTED))
-def test_sampling_sglang_example(backend, thresholds):
+def test_sampling_sglang_example(backend):
     candidates, retrive_index, next_token, next_sibling, logits = sglang_example()
     probs = torch.softmax(logits / 0.01, -1)  # SGLang's test: temperature 0.01, near one-hot
     gen = torch.Generator().manual_seed(0)
     for _ in range(3 if backend == "torch" else 1):  # any coins give the same outputs
         coins, final = torch.rand(2, 6, generator=gen), torch.rand(2, generator=gen)
         got = sample(candidates, retrive_index, next_token, next_sibling, coins, final, probs, 4,
-                     torch.zeros_like(probs), backend=backend, threshold_single=thresholds[0],
-                     threshold_acc=thresholds[1], deterministic=True)
-        assert tuple(got) == EXAMPLE_EXPECTED[thresholds]
+                     torch.zeros_like(probs), backend=backend, deterministic=True)
+        assert tuple(got) == EXAMPLE_EXPECTED
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("thresholds", [(0.91, 1.0), (1.0, 1.0)])
-def test_rejected_token_never_returns_as_the_new_token(backend, thresholds):
+def test_rejected_token_never_returns_as_the_new_token(backend):
     # chain root -> 3 -> 5; the root accepts 3 (p 0.95), node 1 rejects 5 (p 0.9, coin 0.99); the
     # final coin 0.5 would pick 5 from p, but 5 is masked: the only token left is 31
     candidates = torch.tensor([[0, 3, 5]])
@@ -107,7 +116,7 @@ def test_rejected_token_never_returns_as_the_new_token(backend, thresholds):
     probs[0, 0, 0], probs[0, 0, 3], probs[0, 1, 5], probs[0, 1, 31], probs[0, 2, 0] = 0.05, 0.95, 0.9, 0.1, 1.0
     predicts, _, accept_token_num = sample(candidates, retrive_index, next_token, next_sibling,
                                            torch.tensor([[0.0, 0.99, 0.0]]), torch.tensor([0.5]), probs, 3,
-                                           backend=backend, threshold_single=thresholds[0], threshold_acc=thresholds[1])
+                                           backend=backend)
     assert predicts[0] == 3 and predicts[1] == 31 and accept_token_num == [1]
 
 
@@ -146,39 +155,34 @@ def random_case(kind, batch, n, vocab, k, scale, seed):
             torch.rand(batch, generator=gen), probs)
 
 
-THRESHOLDS = [(1.0, 1.0), (0.0, 0.0), (0.9, 0.7), (0.5, 1.0)]
 SHAPES = [("kary", 1, 8, 16, 1), ("kary", 4, 16, 64, 4), ("kary", 2, 12, 32, 2), ("star", 2, 9, 31, 4),
           ("random", 1, 1, 7, 2), ("random", 1, 2, 7, 1), ("random", 1, 3, 11, 3), ("random", 3, 9, 31, 3),
           ("random", 4, 12, 24, 4)]
 
 
-@pytest.mark.parametrize("thresholds", THRESHOLDS, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "-".join(map(str, s)))
-def test_sampling_follows_sglangs_rule_torch(shape, thresholds):
+def test_sampling_follows_sglangs_rule_torch(shape):
     kind, batch, n, vocab, k = shape
     for scale in (0.0, 4.0, 10.0):
         for seed in (0, 7):
             case = random_case(kind, batch, n, vocab, k, scale, seed)
             for steps in {n, max(1, n // 2)}:
-                expected = model(*case, steps, threshold_single=thresholds[0], threshold_acc=thresholds[1])
+                expected = model(*case, steps)
                 for deterministic in (True, False):
-                    got = sample(*case, steps, threshold_single=thresholds[0], threshold_acc=thresholds[1],
-                                 deterministic=deterministic)
-                    assert got == expected, (shape, thresholds, scale, seed, steps)
+                    got = sample(*case, steps, deterministic=deterministic)
+                    assert got == expected, (shape, scale, seed, steps)
 
 
 @pytest.mark.skipif("triton" not in BACKENDS, reason="triton not runnable here")
-@pytest.mark.parametrize("thresholds", [(1.0, 1.0), (0.9, 0.7)], ids=str)
-def test_sampling_follows_sglangs_rule_triton(thresholds):
+def test_sampling_follows_sglangs_rule_triton():
     for shape, seed in ((("random", 3, 9, 17, 3), 3), (("kary", 2, 7, 16, 2), 4)):
         case = random_case(*shape, 4.0, seed)
-        assert sample(*case, 4, backend="triton", threshold_single=thresholds[0], threshold_acc=thresholds[1]) == \
-            model(*case, 4, threshold_single=thresholds[0], threshold_acc=thresholds[1])
+        assert sample(*case, 4, backend="triton") == model(*case, 4)
 
 
 def test_threshold_one_our_op_equals_sglangs_walk():
-    """At (1, 1) the call runs our op with converted coins; the lossy path's own walk of SGLang's
-    rule, forced to (1, 1), gives the same path and tokens."""
+    """At (1, 1) the call runs our op with converted coins; a plain walk of SGLang's rule in SGLang's
+    order of tests (tests/sglang_rule.py) at (1, 1) gives the same path and tokens."""
     for seed in range(6):
         candidates, retrive_index, next_token, next_sibling, coins, final, probs = random_case(
             "random", 4, 10, 12, 3, 1.0 + seed, seed)
@@ -259,9 +263,9 @@ def test_threshold_one_emits_the_target_distribution_chi_square():
     counts = two_token_frequencies(*sample(candidates, retrive_index, next_token, next_sibling, coins, final, probs, 3,
                                            torch.zeros_like(probs)), vocab)
     assert chi_square_p(counts, expected) > 1e-3
-    # the same test has the power to see the lossy rule
-    lossy = two_token_frequencies(*sample(candidates, retrive_index, next_token, next_sibling, coins, final, probs, 3,
-                                          threshold_single=0.5, threshold_acc=0.5), vocab)
+    # the same test has the power to see SGLang's rule below threshold 1 (which the adapter refuses)
+    lossy = two_token_frequencies(*lossy_sample(candidates, retrive_index, next_token, next_sibling, coins, final,
+                                                probs, 3, threshold_single=0.5, threshold_acc=0.5), vocab)
     assert chi_square_p(lossy, expected) < 1e-9
 
 
@@ -281,17 +285,20 @@ def test_real_draft_probabilities_emit_the_target_distribution_chi_square():
     assert chi_square_p(torch.bincount(first, minlength=vocab).double(), p[0].double()) > 1e-3
 
 
-def test_lower_thresholds_are_lossy():
+def test_lower_thresholds_are_lossy_and_refused():
     """(0, 0) accepts every first child whatever its probability (SGLang's lossy rule): here the
-    target puts all its mass on token 5, which no child carries, yet token 1 comes out first."""
+    target puts all its mass on token 5, which no child carries, yet token 1 would come out first.
+    The adapter refuses such thresholds; at (1, 1) token 5 comes out."""
     candidates, retrive_index, next_token, next_sibling = target_only_tree(4)
     probs = torch.full((4, 6, 6), 1 / 6)
     probs[:, 0] = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
-    predicts, accept_index, accept_token_num = sample(candidates, retrive_index, next_token, next_sibling,
-                                                      torch.rand(4, 6), torch.rand(4), probs, 3,
-                                                      threshold_single=0.0, threshold_acc=0.0)
+    case = (candidates, retrive_index, next_token, next_sibling, torch.rand(4, 6), torch.rand(4), probs, 3)
+    predicts, accept_index, accept_token_num = lossy_sample(*case, threshold_single=0.0, threshold_acc=0.0)
     assert [predicts[row[0]] for row in accept_index] == [1] * 4 and accept_token_num == [2] * 4
-    exact = sample(candidates, retrive_index, next_token, next_sibling, torch.rand(4, 6), torch.rand(4), probs, 3)
+    for thresholds in (dict(threshold_single=0.0, threshold_acc=0.0), dict(threshold_acc=0.9)):
+        with pytest.raises(ValueError, match="lossy rule, which this adapter does not run"):
+            sample(*case, **thresholds)
+    exact = sample(*case)
     assert [exact[0][row[0]] for row in exact[1]] == [5] * 4 and exact[2] == [0] * 4
 
 
@@ -368,8 +375,7 @@ def test_real_draft_probabilities_per_row():
     assert torch.equal(num, num_direct)
 
 
-@pytest.mark.parametrize("thresholds", [(1.0, 1.0), (0.9, 0.9)])
-def test_empty_residual_draws_from_p(thresholds):
+def test_empty_residual_draws_from_p():
     # a row summing to 0.5, all on the only child's token: rejected (coin 0.7), nothing left
     row = [0, 0, 0, 0.5, 0, 0, 0, 0]
     retrive_index, next_token, next_sibling = tree_tensors([star_children(2, 1)], 2)
@@ -377,9 +383,8 @@ def test_empty_residual_draws_from_p(thresholds):
     probs[0, 0] = torch.tensor(row)
     case = (torch.tensor([[0, 3]]), retrive_index, next_token, next_sibling, torch.tensor([[0.7, 0.1]]),
             torch.tensor([0.3]), probs, 2)
-    kw = dict(threshold_single=thresholds[0], threshold_acc=thresholds[1])
-    assert model(*case, **kw)[0][0] == 7  # SGLang: token V - 1
-    assert sample(*case, **kw)[0][0] == 3  # ours: a draw from p
+    assert model(*case)[0][0] == 7  # SGLang: token V - 1
+    assert sample(*case)[0][0] == 3  # ours: a draw from p
 
 
 def test_greedy_reads_target_predict_by_node():
@@ -422,11 +427,15 @@ BAD = {
     "slot outside predicts": (dict(retrive_index=lambda t: t + 1), "`retrive_index` holds slots outside"),
     "token outside V": (dict(candidates=lambda t: t * 4), "hold ids outside [0, 20)"),
     "coin of 1": (dict(coins=lambda t: torch.ones_like(t)), "`uniform_samples` must lie in [0, 1)"),
-    "threshold above 1": (dict(threshold_acc=1.5), "`threshold_acc` must lie in [0, 1]"),
+    "threshold above 1": (dict(threshold_acc=1.5), "`threshold_acc` must be 1.0, the lossless rule (got 1.5)"),
+    "threshold below 1": (dict(threshold_acc=0.5), "select SGLang's lossy rule, which this adapter does not run"),
     "float64 coins": (dict(coins=lambda t: t.double()), "`uniform_samples` must have dtype float32"),
     "wrong shape": (dict(probs=lambda t: t[:, :5]), "`target_probs` must have shape [2, 6, V]"),
     "empty accept_index": (dict(steps=0), "at least one column"),
-    "draft_probs a float": (dict(draft=0.5), "pass the thresholds by keyword"),
+    "draft_probs a float": (dict(draft=0.5), "`draft_probs` must be a [B, N, V] tensor or None (got float)"),
+    # an older sgl-kernel's signature: draft_probs in the place sglang@01fe7c22 gives threshold_single
+    "draft_probs by position": (dict(threshold_single=lambda probs: torch.zeros_like(probs)),
+                                "`threshold_single` got a tensor: `draft_probs` is keyword-only"),
 }
 
 
@@ -443,8 +452,9 @@ def test_value_checks_are_one_line_errors(name):
     with pytest.raises((ValueError, TypeError)) as error:
         sg.tree_speculative_sampling_target_only(
             *outputs(2, 6, steps), args["candidates"], args["retrive_index"], args["next_token"], args["next_sibling"],
-            args["coins"], torch.rand(2), args["probs"], change.get("draft"),
-            threshold_acc=change.get("threshold_acc", 1.0))
+            args["coins"], torch.rand(2), args["probs"],
+            change.get("threshold_single", lambda probs: 1.0)(args["probs"]), change.get("threshold_acc", 1.0),
+            draft_probs=change.get("draft"))
     text = str(error.value)
     assert message in text and "\n" not in text and text.startswith("sglang.tree_speculative_sampling_target_only: ")
 
@@ -476,10 +486,8 @@ def test_no_host_sync_when_values_are_not_inspected(monkeypatch):
     case = random_case("random", 3, 9, 12, 3, 2.0, 0)
     candidates, retrive_index, next_token, next_sibling, coins, final, probs = case
     with _Recorder() as seen:
-        for thresholds in ((1.0, 1.0), (0.5, 0.5)):
-            sg.tree_speculative_sampling_target_only(*outputs(3, 9, 4), candidates, retrive_index, next_token,
-                                                     next_sibling, coins, final, probs, torch.zeros_like(probs),
-                                                     threshold_single=thresholds[0], threshold_acc=thresholds[1])
+        sg.tree_speculative_sampling_target_only(*outputs(3, 9, 4), candidates, retrive_index, next_token,
+                                                 next_sibling, coins, final, probs, draft_probs=torch.zeros_like(probs))
         sg.verify_tree_greedy(*outputs(3, 9, 4), candidates, retrive_index, next_token, next_sibling, candidates)
     syncs = {name for name in seen.names if "_local_scalar_dense" in name or "nonzero" in name}
     assert not syncs, syncs
@@ -513,6 +521,31 @@ def test_untouched_outputs_and_unreachable_nodes():
                           logits.argmax(-1))
     assert predicts.tolist() == [3, 77, 77, 4, 77, 77, 11, 77, 77, 77, 12, 18]
     assert accept_index.tolist() == [[0, 3, 66, 66], [6, 10, 11, 66]] and accept_token_num.tolist() == [1, 2]
+
+
+# sgl-kernel's python/sgl_kernel/speculative.py at sglang@01fe7c22 (sglang.TRACKS): each function's parameters
+UPSTREAM_PARAMETERS = {
+    "verify_tree_greedy": ("predicts", "accept_index", "accept_token_num", "candidates", "retrive_index",
+                           "retrive_next_token", "retrive_next_sibling", "target_predict"),
+    "tree_speculative_sampling_target_only": (
+        "predicts", "accept_index", "accept_token_num", "candidates", "retrive_index", "retrive_next_token",
+        "retrive_next_sibling", "uniform_samples", "uniform_samples_for_final_sampling", "target_probs",
+        "threshold_single", "threshold_acc", "deterministic"),
+}
+UPSTREAM_DEFAULTS = {"threshold_single": 1.0, "threshold_acc": 1.0, "deterministic": True}
+
+
+@pytest.mark.parametrize("name", list(UPSTREAM_PARAMETERS))
+def test_positional_parameters_are_the_tracked_upstreams(name):
+    """A call written for sgl-kernel binds every positional argument to the same parameter here, with the
+    same defaults; what is ours (draft_probs, backend) is keyword-only."""
+    assert "01fe7c22" in sg.TRACKS
+    parameters = inspect.signature(inspect.unwrap(getattr(sg, name))).parameters.values()
+    positional = tuple(p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    assert positional == UPSTREAM_PARAMETERS[name]
+    assert {p.name: p.default for p in parameters if p.name in UPSTREAM_DEFAULTS} == \
+        {k: v for k, v in UPSTREAM_DEFAULTS.items() if k in positional}
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters if p.name not in positional)
 
 
 def test_weight_scale_is_our_ops():

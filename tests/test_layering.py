@@ -72,7 +72,7 @@ def test_each_adapter_names_the_upstream_version_it_tracks(name):
     import importlib
 
     tracks = getattr(importlib.import_module(name), "TRACKS", None)
-    assert isinstance(tracks, str) and tracks.split()[0] in ("flashinfer", "sgl-kernel:", "vllm", "transformers"), name
+    assert isinstance(tracks, str) and tracks.split()[0] in ("flashinfer", "sgl-kernel", "vllm", "transformers"), name
 
 
 def test_only_hf_private_reads_transformers_private_surface():

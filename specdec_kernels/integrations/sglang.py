@@ -3,10 +3,10 @@
 
 Each takes sgl_kernel's arguments and writes its outputs in place, so a call site can swap SGLang's
 kernels for ours; nothing here imports SGLang. The layouts are translated in `sglang_layout`
-(linked lists -> our `parents`, SGLang's coins -> ours, the outputs written back); SGLang's lossy
-threshold rule (thresholds below 1) lives in `sglang_rule`. At the default thresholds (1.0, 1.0)
-the sampling is exact, lossless. What still differs from SGLang, each with its test:
-docs/flashinfer-sglang.md.
+(linked lists -> our `parents`, SGLang's coins -> ours, the outputs written back). The sampling runs at
+SGLang's default thresholds (1.0, 1.0), where its rule is exact (lossless); lower thresholds select SGLang's
+lossy rule, which is not an op of ours: refused (keep sgl_kernel's kernel for it). What still differs from
+SGLang, each with its test: docs/flashinfer-sglang.md.
 """
 
 import functools
@@ -17,10 +17,11 @@ from torch import Tensor
 from .. import ops
 from ..common import validate as check
 from .sglang_layout import Tree, sample_with_op, write_back
-from .sglang_rule import threshold_rule
 
-# the upstream this adapter tracks (no release number pinned: restated from sgl-kernel's sources and kernel tests)
-TRACKS = "sgl-kernel: verify_tree_greedy, tree_speculative_sampling_target_only with uniform_samples_for_final_sampling"
+# the upstream this adapter tracks: sgl-kernel's python/sgl_kernel/speculative.py at that sglang commit, whose
+# positional parameters ours keep in order (tests/test_integrations_sglang.py holds them to UPSTREAM_PARAMETERS)
+TRACKS = "sgl-kernel at sglang@01fe7c22 (sgl-kernel/python/sgl_kernel/speculative.py): verify_tree_greedy, " \
+         "tree_speculative_sampling_target_only"
 _SPELLINGS = {"retrieve_index": "retrive_index", "retrieve_next_token": "retrive_next_token",
               "retrieve_next_sibling": "retrive_next_sibling"}
 _PROB_DTYPES = check.FLOAT_DTYPES
@@ -99,12 +100,15 @@ def _check_lists(op, next_token, next_sibling):
 
 def _check_thresholds(op, threshold_single, threshold_acc, deterministic):
     for name, value in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
+        if isinstance(value, torch.Tensor):  # an older sgl-kernel's draft_probs, passed by position
+            check.fail(op, f"`{name}` got a tensor: `draft_probs` is keyword-only (sgl-kernel's signature at "
+                           "sglang@01fe7c22 has no such parameter)", TypeError)
         value = check.real_number(op, name, value, minimum=0.0)
-        if value > 1.0:
-            check.fail(op, f"`{name}` must lie in [0, 1] (got {value!r})")
+        if value != 1.0:  # below 1, SGLang's rule stops following the target distribution
+            check.fail(op, f"`{name}` must be 1.0, the lossless rule (got {value!r}); thresholds below 1 "
+                           "select SGLang's lossy rule, which this adapter does not run")
     if not isinstance(deterministic, bool):
         check.fail(op, f"`deterministic` must be a bool (got {type(deterministic).__name__})", TypeError)
-    return float(threshold_single), float(threshold_acc)
 
 
 # ----------------------------------------------------------------------------- translation
@@ -112,7 +116,7 @@ def _check_thresholds(op, threshold_single, threshold_acc, deterministic):
 
 def _check_sampling(op, batch, n, device, target_probs, draft_probs, uniform_samples, final_coins,
                     threshold_single, threshold_acc, deterministic):
-    """The sampling inputs' checks; returns (V, threshold_single, threshold_acc)."""
+    """The sampling inputs' checks; returns V."""
     check.tensor(op, "target_probs", target_probs, shape=(batch, n, "V"), dtypes=_PROB_DTYPES, device=device,
                  last_dim_contiguous=False)
     vocab = target_probs.shape[2]
@@ -120,8 +124,8 @@ def _check_sampling(op, batch, n, device, target_probs, draft_probs, uniform_sam
         check.fail(op, "`target_probs` has an empty vocabulary (V = 0)")
     if draft_probs is not None:
         if not isinstance(draft_probs, torch.Tensor):
-            check.fail(op, f"`draft_probs` must be a [B, N, V] tensor or None (got {type(draft_probs).__name__}); "
-                           "pass the thresholds by keyword", TypeError)
+            check.fail(op, f"`draft_probs` must be a [B, N, V] tensor or None (got {type(draft_probs).__name__})",
+                       TypeError)
         check.tensor(op, "draft_probs", draft_probs, shape=(batch, n, vocab), dtypes=_PROB_DTYPES, device=device,
                      last_dim_contiguous=False)
         check.same_dtype(op, ("target_probs", "draft_probs"), target_probs, draft_probs)
@@ -129,12 +133,12 @@ def _check_sampling(op, batch, n, device, target_probs, draft_probs, uniform_sam
                  last_dim_contiguous=False)
     check.tensor(op, "uniform_samples_for_final_sampling", final_coins, shape=(batch,), dtypes=(torch.float32,),
                  device=device, last_dim_contiguous=False)
-    threshold_single, threshold_acc = _check_thresholds(op, threshold_single, threshold_acc, deterministic)
+    _check_thresholds(op, threshold_single, threshold_acc, deterministic)
     if check.can_inspect(uniform_samples) and batch > 0:
         for name, coins in (("uniform_samples", uniform_samples), ("uniform_samples_for_final_sampling", final_coins)):
             if not bool(((coins >= 0) & (coins < 1)).all()):
                 check.fail(op, f"`{name}` must lie in [0, 1) (no NaN)")
-    return vocab, threshold_single, threshold_acc
+    return vocab
 
 
 # ----------------------------------------------------------------------------- greedy
@@ -190,16 +194,16 @@ def tree_speculative_sampling_target_only(predicts: Tensor, accept_index: Tensor
                                           candidates: Tensor, retrive_index: Tensor, retrive_next_token: Tensor,
                                           retrive_next_sibling: Tensor, uniform_samples: Tensor,
                                           uniform_samples_for_final_sampling: Tensor, target_probs: Tensor,
-                                          draft_probs: Tensor | None = None, threshold_single: float = 1.0,
-                                          threshold_acc: float = 1.0, deterministic: bool = True, *,
+                                          threshold_single: float = 1.0, threshold_acc: float = 1.0,
+                                          deterministic: bool = True, *, draft_probs: Tensor | None = None,
                                           backend: str = "auto") -> None:
     """SGLang's `tree_speculative_sampling_target_only`: speculative sampling over a token tree
-    whose drafts are deterministic (top-k) tokens. Exact (lossless) at the default thresholds
-    (1.0, 1.0): our `ops.tree_rejection_sample` with one-hot drafts, SGLang's coins turned into
-    our per-sibling coins. Thresholds below 1: SGLang's lossy rule, reproduced exactly (LOSSY).
-    Rows whose `draft_probs` are not all zero: lossless recursive rejection sampling with those
-    draft probabilities (beyond SGLang). Writes its outputs in place, returns None. What still
-    differs from SGLang's kernel: docs/flashinfer-sglang.md.
+    whose drafts are deterministic (top-k) tokens, at SGLang's default thresholds (1.0, 1.0), where it
+    is exact (lossless): our `ops.tree_rejection_sample` with one-hot drafts, SGLang's coins turned
+    into our per-sibling coins. Lower thresholds (SGLang's lossy rule) are refused. Rows whose
+    `draft_probs` are not all zero: lossless recursive rejection sampling with those draft
+    probabilities (beyond SGLang). Writes its outputs in place, returns None. What still differs
+    from SGLang's kernel: docs/flashinfer-sglang.md.
 
     Args:
         predicts: [P] int32 (or int64), in place: predicts[retrive_index[b, i]] = the token after
@@ -215,17 +219,18 @@ def tree_speculative_sampling_target_only(predicts: Tensor, accept_index: Tensor
             children (real draft probabilities: column c tests node c).
         uniform_samples_for_final_sampling: [B] float32 in [0, 1): the new token's draw.
         target_probs: [B, N, V] float32 (or float16, bfloat16): the target distribution after each node.
-        draft_probs: None, or [B, N, V] same dtype: SGLang passes zeros (target-only); a row that is
-            not all zero holds the draft distribution after each node (its children's source). Read only.
-        threshold_single: float in [0, 1]: also accept a sibling whose target probability is at least this.
-        threshold_acc: float in [0, 1]: accept while the coin <= cumulative probability / threshold_acc.
+        threshold_single: 1.0 (SGLang's default; lower values select its lossy rule: refused).
+        threshold_acc: 1.0 (likewise).
         deterministic: bool, ignored (ours always is).
+        draft_probs: keyword-only (beyond sgl-kernel's signature): None, or [B, N, V] same dtype as
+            `target_probs`: a row that is not all zero holds the draft distribution after each node (its
+            children's source), verified losslessly with it. Read only.
         backend: "auto" | "torch" | "triton" | "cuda" (our op's backend).
     """
     op = "sglang.tree_speculative_sampling_target_only"
     batch, n, steps = _check_common(op, predicts, accept_index, accept_token_num, candidates, retrive_index,
                                     retrive_next_token, retrive_next_sibling)
-    vocab, threshold_single, threshold_acc = _check_sampling(
+    vocab = _check_sampling(
         op, batch, n, candidates.device, target_probs, draft_probs, uniform_samples,
         uniform_samples_for_final_sampling, threshold_single, threshold_acc, deterministic)
     if batch == 0:
@@ -237,13 +242,8 @@ def tree_speculative_sampling_target_only(predicts: Tensor, accept_index: Tensor
         if reached.numel() and (int(reached.min()) < 0 or int(reached.max()) >= vocab):
             check.fail(op, f"`candidates` of tree nodes hold ids outside [0, {vocab}) "
                            f"(min {int(reached.min())}, max {int(reached.max())})")
-    if threshold_single >= 1.0 and threshold_acc >= 1.0:
-        path, num, emitted = sample_with_op(tree, tokens, target_probs, draft_probs, uniform_samples,
-                                            uniform_samples_for_final_sampling, steps, backend)
-    else:
-        path, num, emitted = threshold_rule(tree, tokens, target_probs, draft_probs, uniform_samples,
-                                            uniform_samples_for_final_sampling, threshold_single, threshold_acc,
-                                            steps, backend)
+    path, num, emitted = sample_with_op(tree, tokens, target_probs, draft_probs, uniform_samples,
+                                        uniform_samples_for_final_sampling, steps, backend)
     write_back(predicts, accept_index, accept_token_num, retrive_index, path, num, emitted)
 
 

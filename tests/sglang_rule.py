@@ -1,12 +1,13 @@
-"""SGLang's own acceptance rule at any thresholds (lossy below 1), the one place it lives: accept
-sibling k iff u <= (p(x_1) + ... + p(x_k)) / threshold_acc or p(x_k) >= threshold_single, in float32
-as SGLang computes it; the new token from SGLang's residual relu(p - d) at the last node, drawn with
-our op. LOSSY: below threshold 1 the output no longer follows the target distribution."""
+"""SGLang's own acceptance rule at any thresholds (lossy below 1), restated in torch for the tests: accept
+sibling k iff u <= (p(x_1) + ... + p(x_k)) / threshold_acc or p(x_k) >= threshold_single, in float32 as
+SGLang computes it; the new token from SGLang's residual relu(p - d) at the last node, drawn with our op.
+The adapter (integrations/sglang.py) runs only the lossless thresholds (1, 1) and refuses the others; this
+walk checks it there against SGLang's own order of tests, and shows why it refuses the rest (lossy)."""
 
 import torch
 
-from .. import ops
-from .sglang_layout import BELOW_ONE
+from specdec_kernels import ops
+from specdec_kernels.integrations.sglang_layout import BELOW_ONE
 
 
 def threshold_rule(tree, tokens, target_probs, draft_probs, uniform_samples, final_coins, threshold_single,
