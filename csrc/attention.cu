@@ -1,25 +1,16 @@
 // Tree / chain verification attention (reference/attention.py is the specification).
 //
-// Decode-shaped: N draft nodes per row against a long prefix. One CTA owns one
-// (row b, KV head, prefix split, M-tile): the N nodes x (Hq / Hkv) query heads of
-// that KV head are packed as the MMA M dimension (packed row r = node * group +
-// head-in-group), so every K/V tile is read from memory once for all of them.
-//
-//  * Keys of row b: the prefix [0, P) and the N draft nodes at [P, P + N).
-//    Split s of the row owns an aligned key range (attention_math.cuh:
-//    row_split, from the row's own length on the device, no host plan).
-//  * Tiles wholly inside the prefix run with no mask at all; only tiles that
-//    reach the draft nodes test the ancestor bits, which each thread derives
-//    for its own rows by walking `parents` up (ancestor_window): no mask
-//    tensor, no host loop, any N.
-//  * Tensor-core path (fp16/bf16, D 64/128): mma.sync m16n8k16 with fp32
-//    accumulators, K/V tiles of 64 keys streamed into XOR-swizzled shared
-//    memory by cp.async, three stages deep; one warp owns 16 packed rows.
-//    SIMT path: float32 (and any other head dim <= 256), same structure.
-//  * Splits: each CTA writes its partial state (acc, running max, sum); the
-//    last CTA of a (b, KV head, M-tile) to take a ticket merges them by
-//    log-sum-exp and re-zeroes the ticket, so the counters stay zeroed between
-//    calls. A row with one active split skips all of that and writes directly.
+// Decode-shaped: N draft nodes per row against a long prefix. One CTA owns one (row b, KV head,
+// prefix split, M-tile): the N nodes x (Hq / Hkv) query heads of that KV head are packed as the MMA
+// M dimension (packed row r = node * group + head-in-group), so every K/V tile is read once for all.
+//  * Split s owns an aligned key range computed on the device from the row's own length
+//    (attention_math.cuh row_split): no host plan.
+//  * Prefix tiles run unmasked; only tiles reaching the draft nodes test ancestor bits, which each
+//    thread derives by walking `parents` up (ancestor_window): no mask tensor, any N.
+//  * Tensor-core path (fp16/bf16, D 64/128): mma.sync m16n8k16, fp32 accumulators, 64-key K/V tiles
+//    in XOR-swizzled shared memory via 3-stage cp.async. SIMT path: float32 and head dims <= 256.
+//  * Splits write partial (acc, max, sum); the last CTA of a (b, KV head, M-tile) to take a ticket
+//    merges them by log-sum-exp and re-zeroes the ticket. A row with one active split writes directly.
 
 #include <algorithm>
 #include <atomic>

@@ -1,57 +1,18 @@
-// Block verification of chain drafts (Sun et al., ICLR 2025, Algorithm 2): the CUDA backend
-// of ops.block_verify and ops.block_verify_logits, bit-identical to
-// specdec_kernels.reference.block_verification (the probability op; the logits op as
-// rejection_sample_logits: see below).
+// Block verification of chain drafts (Sun et al., ICLR 2025, Algorithm 2): the CUDA backend of
+// ops.block_verify and ops.block_verify_logits, bit-identical to reference/block_verification.py
+// (the logits op up to its softmax statistics, as rejection_sample_logits).
 //
-// What a batch row b with n = clamp(num_draft_tokens[b], 0, G) drafts needs:
-//   * the prefix ratios p_0 = 1, p_i (block_verification_math.cuh), a sequential scan over i;
-//   * the residual masses Z(i) = sum_x w_i(x), w_i(x) = floor(clamp(p_i P_i(x) - Q_i(x), 0, 1) 2^40)
-//     for i = 1..n-1: a pass over V per position;
-//   * h_i, the coins eta_i, tau = max{i : eta_i < h_i};
-//   * the final draw by inverse CDF over ONE row: the residual w_tau (tau < n; it is the very
-//     row Z(tau) sums, and p_0 = 1 gives the token-wise residual at tau = 0), falling back to
-//     P_tau's own weights when that is empty, or the bonus row P_n (tau = n).
-// Everything is integer or a single float64 rounding, so any split of V gives the reference
-// bit for bit.
+// One launch, block_verify_kernel, grid (B, G+1, splits): block (b, j, s) recomputes the prefix ratio
+// p_j itself (no cross-block traffic), sums its V-chunk's int64 residual weights w_j and P_j's plain
+// weights (the fallback), and takes a ticket; the row's last block forms Z(i), h_i, the coins and
+// tau, draws the final token from the chunk totals with a rescan of ONE chunk, and re-zeroes the
+// row's workspace. Integer sums make any V split give the reference bit for bit.
+// block_verify_logits first runs softmax_stats_kernel (softmax_stats.cu), then the same body on
+// P(x) = expf(x/T - m)/s read on the fly (LogitRows, chain_rows.cuh): decisions within ~1e-6
+// (relative) of their boundary may differ from the reference.
 //
-// One launch (block_verify_kernel), grid (B, G+1, splits): block (b, j, s) with j <= n
-//   1. computes p_j itself (the j gathered (P, Q) pairs of the drafts before it, loaded by the
-//      block's threads in parallel, then scanned in order by thread 0: no cross-block traffic);
-//   2. sums, over its V-chunk s, the residual weights w_j (j < n) and the plain weights of P_j
-//      (the fallback; for j = n the bonus row) and stores the two int64 chunk totals, and p_j
-//      (split 0), in the workspace;
-//   3. takes a ticket on row b's counter; the last of the row's (n+1) * splits blocks
-//      (__threadfence on both sides, as in rejection_sampling.cu) then
-//   4. sums the chunk totals of every position into Z(i), computes h_i and eta_i (one thread
-//      per position) and tau (shared atomicMax);
-//   5. adds the chunk totals of the final row, draws floor(u * total), finds the chunk whose
-//      cumulative range holds it and rescans ONLY that chunk (block-wide int64 prefix sum in
-//      index order) for the first id whose cumulative weight exceeds it;
-//   6. writes the outputs and re-zeroes every workspace byte the row used and its counter.
-// So: one pass over the 2n+1 rows a batch row uses, plus one chunk of the final row; no
-// second kernel, no host sync, no allocation. Blocks with j > n leave at once (not counted).
-//
-// block_verify_logits: two launches. softmax_stats_kernel (softmax_stats.cu, shared with
-// rejection_sample_logits), grid (B, 2G+1, splits), reduces each chunk of every used row
-// (target rows 0..n, draft rows 0..n-1) to the partial softmax statistics (max m, sum of
-// exp(x/T - m)); the last block of a batch row merges them in a fixed order (one warp per row)
-// into the workspace. Then block_verify_logits_kernel is block_verify_kernel on
-// P(x) = expf(x/T - m)/s read on the fly (never written; LogitRows, chain_rows.cuh). As for rejection_sample_logits, m and s come from another reduction order
-// than torch's softmax, so P and Q can differ from the reference's in the last ulps: results
-// equal the reference's except where a decision lies within ~1e-6 (relative) of its boundary
-// (eta_i against h_i, a weight's rounding, or the draw's threshold against a cumulative
-// weight). Rows whose torch softmax is NaN (a NaN or +inf in x/T, or no finite x/T) are NaN
-// here too: their drafts are never accepted and their weights are 0.
-//
-// Grid: B in grid x (up to 2^31 - 1), positions in grid y (G + 1 <= 65535; 2G + 1 for the
-// statistics), splits in z. A chunk holds at most 8192 elements (as rejection_sample's), so the
-// last block's rescan stays one small chunk at any B; the splits per (batch row, position) are
-// at most max(plans::block_verify_max_splits(rows), ceil(V / 8192)), which sizes the workspace
-// (launch_plan.h's BlockVerifyLayout): B*(G+1)*(16*ws_stride + 4) + 4B bytes (+ the logits'
-// B*(2G+1)*(8*stats_stride + 8) + 4B).
-//
-// Limits: V < 2^23 (int64 fixed-point totals). Ids are always in [0, V): draw_threshold keeps
-// the threshold in [0, total - 1] for any uniform (1.0, > 1, NaN), and the write clamps.
+// Grid: B in x, positions in y (G + 1 <= 65535), splits in z; a chunk holds <= 8192 ids, and the
+// workspace is launch_plan.h's BlockVerifyLayout. Limit: V < 2^23 (int64 fixed-point totals).
 
 #include <algorithm>
 #include <stdexcept>

@@ -6,22 +6,6 @@
 // No synchronisation, no allocation (CUDA-graph capturable): block_verify enqueues one
 // kernel on `stream`, block_verify_logits two (softmax statistics, then the verification).
 // Bad arguments throw std::invalid_argument; CUDA errors throw std::runtime_error.
-//
-// Conventions:
-//   dtype:            0 float32, 1 float16, 2 bfloat16 (target and draft share it).
-//   *_stride_b/_g:    element strides of dims 0 and 1; the last dim must be contiguous.
-//   index tensors:    int32 or int64, any element strides, read as they are:
-//                     draft_tokens [B, G] (ids outside [0, V) are never accepted, never read);
-//                     num_draft_tokens [B] or absent (= G; clamped to [0, G]);
-//                     seeds [B] (one per request, row key 0) or absent (the int `seed`, row key b);
-//                     offsets [B] or absent (= 0), seeded modes only.
-//   uniforms:         [B, G+1] float32 / float64 with element strides, or null (seeded).
-//   temperatures:     float32 [B] with an element stride, or null (the scalar `temperature`).
-//   out_tokens:       int64 [B, G+1] contiguous; num_accepted: int64 [B].
-//   workspace:        block_verify*_workspace_bytes(B, G, V) zeroed bytes, 16-byte aligned; the
-//                     kernels return every byte they used to zero (one buffer per stream serves
-//                     every call and graph replay, as for the other ticketed kernels).
-//   V:                1 <= V < 2^23 (the fixed-point totals V * 2^40 must fit int64).
 
 #include <cstdint>
 
@@ -47,6 +31,22 @@ struct BlockRandomness {
   BlockIndex seeds;       // [B] per-request seeds, or absent
   BlockIndex offsets;     // [B] or absent
 };
+
+// Arguments of every launcher below:
+//   dtype:            0 float32, 1 float16, 2 bfloat16 (target and draft share it).
+//   *_stride_b/_g:    element strides of dims 0 and 1; the last dim must be contiguous.
+//   index tensors:    int32 or int64, any element strides, read as they are:
+//                     draft_tokens [B, G] (ids outside [0, V) are never accepted, never read);
+//                     num_draft_tokens [B] or absent (= G; clamped to [0, G]);
+//                     seeds [B] (one per request, row key 0) or absent (the int `seed`, row key b);
+//                     offsets [B] or absent (= 0), seeded modes only.
+//   uniforms:         [B, G+1] float32 / float64 with element strides, or null (seeded).
+//   temperatures:     float32 [B] with an element stride, or null (the scalar `temperature`).
+//   out_tokens:       int64 [B, G+1] contiguous; num_accepted: int64 [B].
+//   workspace:        block_verify*_workspace_bytes(B, G, V) zeroed bytes, 16-byte aligned; the
+//                     kernels return every byte they used to zero (one buffer per stream serves
+//                     every call and graph replay, as for the other ticketed kernels).
+//   V:                1 <= V < 2^23 (the fixed-point totals V * 2^40 must fit int64).
 
 // Zeroed workspace block_verify needs: independent of V (the split count per row is
 // capped by a constant), linear in B * (G + 1).

@@ -11,10 +11,6 @@
 //                 rounds to nearest like torch's .double())
 //   threshold     h_i = Z(i) / (Z(i) + (1 - p_i)) (zero denominator -> 1) for i < n, h_n = p_n, 0 past n
 //   test          eta_i < h_i (strict), tau = the largest passing i (0 if none)
-//
-// No fused multiply-add can change a result: float64(p_j) * float64(P) is exact (two
-// float32 significands fit in 53 bits), so an FMA rounds the difference exactly as the
-// separate operations do, and every other expression is a single IEEE operation.
 
 #include <cstdint>
 
@@ -36,6 +32,7 @@ SPECDEC_HD float prefix_ratio_step(float prev, float p, float q, bool valid) {
 }
 
 // Fixed-point residual weight of one id: floor(clamp(scale * p - q, 0, 1) * 2^40) in float64.
+// No FMA can change it: float64(scale) * float64(p) is exact (two float32 significands fit in 53 bits).
 SPECDEC_HD int64_t residual_weight(float scale, float p, float q) {
   const double r = static_cast<double>(scale) * static_cast<double>(p) - static_cast<double>(q);
   if (!(r > 0.0)) return 0;                   // NaN, -inf, negatives, zeros

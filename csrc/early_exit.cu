@@ -1,48 +1,18 @@
-// early_exit_topk: final norm + LM head + top-k for early-exit heads (PPD), never
-// writing the [B, V] logits. See early_exit.h and the reference in
-// specdec_kernels/reference/early_exit.py.
+// early_exit_topk: final norm + LM head + top-k for early-exit heads (PPD), never writing the
+// [B, V] logits (early_exit.h; reference: specdec_kernels/reference/early_exit.py).
 //
-// SIMT path (float32 weights and the shapes the tensor-core path does not take):
-// 1. early_exit_split_kernel, grid (row_groups, splits), 8 warps. CTA (g, s) owns up to
-//    8 batch rows (group g) and the vocabulary slice s. Prologue: warp r computes row
-//    r's norm statistics and writes norm(hidden) in float32 to shared memory (H is
-//    small; every CTA recomputing it costs less than a launch). Main loop: each warp
-//    takes one weight row at a time (16-byte loads, coalesced), multiplies it with all
-//    of the CTA's rows from shared memory (fp32 FMA), reduces over the warp and offers
-//    each row's logit key to that warp's running kept set of k keys per row (shared
-//    memory, one owner lane per row, early-out on the set's minimum). The row groups
-//    of one slice are adjacent in the grid, so the weight slice is read from DRAM
-//    about once and the other groups hit L2. Then warp r merges the 8 warps' sets of
-//    row r (k rounds of a warp max) and stores k keys per (row, split).
-// 2. early_exit_merge_kernel, grid (B,): each thread keeps a sorted top-16 of its
-//    strided share of the row's splits * k keys in registers, then k rounds of a block
-//    max pop the winners; writes values (decoded from the keys) and ids, and re-zeroes
-//    the row's workspace.
+// Tensor-core path (fp16/bf16 weights, H % 8 == 0, 16-byte aligned LM head; plan "mma"), 3 launches:
+// early_exit_normalize_kernel writes norm(hidden) once as hi + lo halves of the weight dtype;
+// early_exit_mma_kernel runs mma.sync m16n8k16 with LM-head rows loaded straight into registers as A
+// (early_exit_mma.cuh permutes k so each lane needs one 16-byte load) and the hi/lo tiles in shared
+// memory as B, keeping a top-k per column; early_exit_merge_kernel merges the splits.
+// SIMT path (everything else): early_exit_split_kernel, a CUDA-core GEMV whose row groups of one
+// vocabulary slice are adjacent in the grid, so the slice is read from DRAM about once, then the
+// same merge. The H100 measured 25.2 ms at B = 64, H = 4096, V = 128256: FMA-bound.
 //
-// Precision: logits are fp32 dot products of norm(hidden) (fp32) with the widened
-// weights, summed in another order than torch's matmul: equal within float rounding.
-// Ties go to the lower id (the key), NaN logits rank as -inf.
-//
-// Speed: a CUDA-core GEMV. Memory-bound for small B; at B = 64 it is bound by the
-// FMA units (the H100 measured 25.2 ms at B = 64, H = 4096, V = 128256). It now serves
-// float32 weights, H % 8 != 0 and unaligned LM heads only.
-//
-// Tensor-core path (fp16 / bf16 weights, H % 8 == 0, 16-byte aligned LM head; plan value
-// "mma"), three launches:
-// 1. early_exit_normalize_kernel, grid (B,): norm(hidden) once, split into hi + lo halves of
-//    the weight dtype (early_exit_mma.cuh, split_hi_lo), into the workspace.
-// 2. early_exit_mma_kernel<T, NT>, grid (column groups, splits), 8 warps: CTA (c, s) owns
-//    8 NT batch columns and a slice of whole vocabulary tiles (8 warps x 16 x MT rows).
-//    mma.sync m16n8k16: A = 16 LM-head rows x 16 hidden (W's row-major layout, straight from
-//    global memory into registers by 16-byte loads, a ring of chunks in flight), B = the hi
-//    and lo tiles of hn in shared memory (resident for all of H when it fits, else staged in
-//    k-blocks), fp32 accumulators; the k order inside a 32-column chunk is permuted so both
-//    operands come from one 16-byte load per lane. Epilogue: every logit key above its
-//    column's running minimum enters the warp's kept set; then the warps' sets are merged
-//    per column into k candidates per (row, split).
-// 3. early_exit_merge_kernel as above; it also re-zeroes the hn rows.
-// The CPU emulation of the fragments (bind_early_exit.cpp, host_early_exit_mma) uses the
-// same index functions; only a GPU measures the speed.
+// Precision: fp32 sums in another order than torch's matmul (equal within rounding); ties go to
+// the lower id and NaN ranks as -inf (the int64 key). The fragment arithmetic is emulated on the
+// CPU (bind_early_exit.cpp, host_early_exit_mma) with the same index functions.
 
 #include <algorithm>
 #include <atomic>

@@ -7,19 +7,6 @@
 // mma.sync.m16n8k16.row.col: A = 16 rows x 16 hidden of the LM head (row-major, W's
 // natural [V, H] layout), B = 16 hidden x 8 batch columns of norm(hidden) ("col":
 // hn[b, h] contiguous in h), fp32 accumulators.
-//
-// The k order inside a 32-column chunk is permuted so that every operand comes from one
-// 16-byte load per lane: lane (g = lane / 4, t = lane % 4) loads the 8 columns
-// [32c + 8t, 32c + 8t + 8) of W rows g and g + 8 and of hn column g, i.e. four 32-bit
-// words w0..w3. k-step s in {0, 1} of the chunk takes words 2s and 2s + 1: A regs
-// {row g: w[2s], row g+8: w[2s], row g: w[2s+1], row g+8: w[2s+1]}, B regs {w[2s],
-// w[2s+1]}. By the PTX layout (mma_a_*, mma_b_*) logical k 2t+e then sits at physical
-// column 8t + 4s + e and logical k 2t+8+e at 8t + 4s + 2 + e in both operands, a
-// bijection of the chunk's 32 columns: the dot product is unchanged.
-//
-// hn = hi + lo: hi = x rounded to the weight dtype, lo = (x - hi) rounded (0 where that
-// is NaN: x = +-inf, carried by hi). Two MMAs per step (hi, lo) keep ~16 mantissa bits
-// of the fp32 normalised hidden state (the Triton backend's DOT_SPLIT16).
 
 #include <cstdint>
 #include <cstring>
@@ -91,7 +78,9 @@ SPECDEC_HD float bf16_value(uint16_t h) { return f32_from_bits(static_cast<uint3
 SPECDEC_HD uint16_t to_bits16(float x, int dtype) { return dtype == 2 ? bf16_bits(x) : f16_bits(x); }
 SPECDEC_HD float from_bits16(uint16_t h, int dtype) { return dtype == 2 ? bf16_value(h) : f16_value(h); }
 
-// The hi/lo split of one normalised value.
+// The hi/lo split of one normalised value: hi = x rounded to the weight dtype, lo = (x - hi)
+// rounded (0 where that is NaN: x = +-inf, carried by hi). Two MMAs per step (hi, lo) keep
+// ~16 mantissa bits of the fp32 normalised hidden state (the Triton backend's DOT_SPLIT16).
 SPECDEC_HD void split_hi_lo(float x, int dtype, uint16_t& hi, uint16_t& lo) {
   hi = to_bits16(x, dtype);
   const float rest = x - from_bits16(hi, dtype);
@@ -110,6 +99,15 @@ SPECDEC_HD int mma_c_row(int lane, int i) { return (lane >> 2) + (i >> 1) * 8; }
 SPECDEC_HD int mma_c_col(int lane, int i) { return (lane & 3) * 2 + (i & 1); }
 
 // ---- the kernel's loads: which 16 bytes a lane reads, which words feed which register -----
+// The k order inside a 32-column chunk is permuted so that every operand comes from one
+// 16-byte load per lane: lane (g = lane / 4, t = lane % 4) loads the 8 columns
+// [32c + 8t, 32c + 8t + 8) of W rows g and g + 8 and of hn column g, i.e. four 32-bit
+// words w0..w3. k-step s in {0, 1} of the chunk takes words 2s and 2s + 1: A regs
+// {row g: w[2s], row g+8: w[2s], row g: w[2s+1], row g+8: w[2s+1]}, B regs {w[2s],
+// w[2s+1]}. By the PTX layout (mma_a_*, mma_b_*) logical k 2t+e then sits at physical
+// column 8t + 4s + e and logical k 2t+8+e at 8t + 4s + 2 + e in both operands, a
+// bijection of the chunk's 32 columns: the dot product is unchanged.
+//
 // Row of the m-tile (A) or batch column of the n-tile (B) that lane's load `half` reads
 // (A: half 0 -> row g, half 1 -> row g + 8; B: column g).
 SPECDEC_HD int load_row(int lane, int half) { return (lane >> 2) + half * 8; }

@@ -1,25 +1,15 @@
-// kv_compact: move each row's accepted tree nodes' K/V into place, all layers
-// in one launch, in place (contract in kv_cache.h and reference/kv_cache.py).
+// kv_compact: move each row's accepted tree nodes' K/V into place, all layers in one launch, in
+// place (contract in kv_cache.h and reference/kv_cache.py).
 //
-// Why it is hazard-free without a global barrier: row b's entries increase
-// strictly from >= 0, so src_j = len + a_j >= dst_j = len + j and src_j > src_i
-// for i < j. Hence no row is read after an earlier entry wrote it (dst_i < src_j
-// for i < j), and the only hazard is a row written after it was read (dst_k ==
-// src_j, k > j), at the same byte of the same cache: within one column. Each
-// thread owns whole columns (one Word of one head of one cache and batch row)
-// and goes through the rows in increasing j, kRowsInFlight loads before their
-// stores, so program order alone orders every conflicting access; threads and
-// blocks never touch each other's bytes.
+// Hazard-free without a global barrier: row b's entries increase strictly from >= 0, so
+// src_j = len + a_j >= dst_j = len + j and src_j > src_i for i < j; the only hazard is a row
+// written after it was read (dst_k == src_j, k > j), within one column. Each thread owns whole
+// columns and goes through the rows in increasing j (kRowsInFlight loads before their stores), so
+// program order alone orders every conflicting access. Entries with src == dst (the root, a
+// chain-shaped path) form a prefix of the valid entries and are not copied.
 //
-// Entries with src == dst (the root; a chain-shaped path) are not copied: they
-// are the valid entries before the first one that moves (a_j > j implies
-// a_k > k for k > j), so each tile of entries copies only [first, last] movers.
-//
-// Grid: x = B * column blocks, y = 2L caches (K layers, then V layers); a
-// block's threads cover consecutive Words of a row, head after head, so a warp
-// reads and writes whole 16-byte-aligned segments. The accepted entries go
-// through shared memory one tile (blockDim entries) at a time: any M works.
-// Blocks of cache 0, column block 0 also write the new lengths. The copies use
+// Grid: x = B * column blocks, y = 2L caches (K layers, then V layers); a warp covers whole
+// 16-byte segments, and blocks of cache 0, column block 0 also write the new lengths. Copies use
 // ld/st.global.cg (L2 only): every byte is touched once, L1 would not help.
 
 #include <algorithm>

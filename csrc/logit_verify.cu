@@ -1,38 +1,17 @@
-// Logits verification of speculative-decoding drafts: relaxed_verify (SpecDec),
-// bild_verify (BiLD rollback) and max_prob. See logit_verify.h and the
-// reference in specdec_kernels/reference/logit_verify.py.
+// Logits verification of speculative-decoding drafts: relaxed_verify (SpecDec), bild_verify (BiLD
+// rollback) and max_prob. See logit_verify.h and reference/logit_verify.py.
 //
-// relaxed_verify / bild_verify: one launch, grid (B, G+1, splits) as in
-// logit_verify_greedy.cu. Block (b, pos, s) streams the V-chunk s of logits[b, pos]
-// once and computes
-//   * the packed argmax key (all positions: the correction / bonus token),
-//   * relaxed: the number of ids ranking ahead of the draft (logit desc, id asc),
-//     an integer summed with atomicAdd (exact, order-free),
-//   * bild: the chunk's (max, sum exp(x - max)), stored in its own slot
-//     partials[b, pos, s] so that the merge runs in a fixed order (deterministic,
-//     no float atomics).
-// Draft statistics are only computed where a draft exists (pos < n_b) and its
-// id is in [0, V) (other ids reject without being read). The last block of
-// batch row b (per-row atomic counter, threadfence pattern) merges the row,
-// applies the accept rule, writes the outputs and re-zeroes every workspace
-// byte the row used, so the buffer is clean for the next call / graph replay.
+// relaxed_verify / bild_verify: one launch, grid (B, G+1, splits) as in logit_verify_greedy.cu.
+// Block (b, pos, s) streams chunk s of logits[b, pos] once: the packed argmax key, the count of ids
+// ranking ahead of the draft (relaxed; integer atomicAdd, exact) and the chunk's (max, sum exp)
+// in its own slot (bild; merged in a fixed order, no float atomics). Drafts past n_b or outside
+// [0, V) are never read. The row's last block merges, applies the rule, writes the outputs and
+// re-zeroes the row's workspace for the next call or graph replay.
+// max_prob: grid (R * splits); with more than one split the row's last block merges in split order.
 //
-// max_prob: grid (R * splits): block (r, s) computes (max, sum-exp) of chunk s
-// of row r; with one split it writes the result itself, otherwise the last
-// block of the row merges the partials in split order.
-//
-// Rounding: relaxed_verify is comparisons and integer counts only, so it is
-// bit-exact against the reference. bild_verify / max_prob compute
-// lse = M + log(sum_s S_s exp(m_s - M)) in another order than torch.logsumexp:
-// lse may differ by a few ulps, so bild_verify can differ from the reference only
-// where lse - l_x is within ~1e-5 of the threshold.
-//
-// Workspace layout (relaxed/bild), P = B*(G+1) slots, splits from the plan:
-//   keys     u64   [P]            argmax keys (atomicMax)
-//   partials float2 [P, splits]   bild: (chunk max, chunk sum-exp)
-//   ranks    u32   [P]            relaxed: ids ahead of the draft (atomicAdd)
-//   counters u32   [B]            finished blocks per batch row
-// max_prob (only when splits > 1): partials float2 [R, splits], counters u32 [R].
+// Rounding: relaxed_verify is comparisons and counts only (bit-exact). bild_verify and max_prob
+// form lse = M + log(sum_s S_s exp(m_s - M)) in another order than torch.logsumexp, so bild_verify
+// can differ only where lse - l_x is within ~1e-5 of the threshold.
 
 #include <cstdint>
 #include <limits>

@@ -1,43 +1,18 @@
 // Speculative sampling on chain drafts (Leviathan et al., Algorithm 1): the CUDA backend of
 // ops.rejection_sample, bit-identical to specdec_kernels.reference.rejection_sample.
 //
-// What a batch row b computes (reference/rejection_sampling.py):
-//   1. num_accepted a: the first draft j < n_b (n_b = clamp(num_draft_tokens[b], 0, G))
-//      that fails u_j * q_j(x_j) < p_j(x_j) (float64; ids outside [0, V) fail), else n_b.
-//   2. the final token, drawn by inverse CDF over fixed-point weights
-//      (weight = floor(clamp(x, 0, 1) * 2^40), common/sampling.py) of ONE row:
-//      the residual max(0, p_a - q_a) when a < n_b, else the bonus row p_a; an empty
-//      residual falls back to p_a with the same uniform, and no mass at all gives 0.
-//   Everything is integer or a single float64 rounding (philox.cuh), so the result does not
-//   depend on how the sums are split: any split of V gives the reference bit for bit.
+// One launch, grid (B, splits), because B can be 1 with V ~ 150k and one block per row would leave
+// almost every SM idle. Every block of row b recomputes the accept walk itself (G is small: 2
+// gathered scalars and one Philox draw per draft), so it knows the final row without cross-block
+// traffic, then stores its V-chunk's int64 fixed-point totals of the residual and of p (the
+// fallback). The row's last block (ticket, __threadfence on both sides) draws floor(u * total),
+// rescans only the chunk holding it, writes the outputs and re-zeroes what it used. Integer sums
+// make any split give the reference bit for bit.
 //
-// Why one launch. B can be 1 with V ~ 150k, and one block per row would leave almost every
-// SM idle. So grid = (B, splits): every block of row b first recomputes a itself (G is small:
-// 2 gathered scalars and one Philox draw per draft), which fixes the final row without any
-// cross-block communication, then sums the two kinds of weights (residual, and p for the
-// fallback) over its V-chunk and stores the two int64 chunk totals in the workspace. The
-// last block of the row to finish (per-row atomic counter, __threadfence on both sides, as in
-// logit_verify_greedy.cu) adds the chunk totals, draws the threshold floor(u * total), finds the
-// chunk whose cumulative range contains it, and rescans only that chunk with a block-wide
-// int64 prefix sum in index order to find the first token whose cumulative weight exceeds
-// the threshold. It then writes the outputs and re-zeroes the workspace slots and counter it
-// used, so the zeroed buffer is reusable by the next call or graph replay on the stream.
-// No host sync, no allocation, no second kernel.
-//
-// Chunks hold 2048..8192 elements (one chunk when V is smaller; plans::plan_rejection_sample):
-// enough blocks for small B (B = 1, V = 151936: 74 blocks), and a rescan that re-reads only a
-// small fraction of the row (usually from L2) for large B. Four CTAs fit on an SM
-// (__launch_bounds__(256, 4)), the residency the plan's ~4 CTAs per SM assume.
-//
-// Limits: V < 2^23 (the int64 fixed-point totals). Grid (B, splits): B in grid x.
-// Out-of-contract inputs never produce ids outside [0, V): draw_threshold keeps the
-// threshold in [0, total - 1] on every backend (uniforms of 1.0, above 1, or NaN).
-//
-// Workspace: [B][max_splits] longlong2 chunk totals (.x residual, .y p), max_splits =
-// ceil(V / 2048) >= any plan's splits, then [B] uint32 counters.
-//
+// Chunks hold 2048..8192 ids (plans::plan_rejection_sample: B = 1, V = 151936 gives 74 blocks);
+// __launch_bounds__(256, 4) gives the ~4 CTAs per SM the plan assumes. Limit: V < 2^23.
 // rejection_sample_logits: softmax_stats.cu's statistics launch, then the same body on softmax
-// rows (the second kernel in this file): see its comment.
+// rows (the second kernel in this file).
 
 #include <algorithm>
 #include <stdexcept>
@@ -330,6 +305,7 @@ void launch_logits_typed(const void* target, int64_t t_sb, int64_t t_sg, const v
 
 }  // namespace
 
+// [B][max_splits] longlong2 chunk totals (.x residual, .y p), then [B] uint32 counters.
 uint64_t rejection_sample_workspace_bytes(int64_t B, int64_t G, int64_t V) {
   check_arg(B >= 0 && G >= 0 && V >= 1 && V < kMaxVocab, "rejection_sample",
             "need B >= 0, G >= 0 and V in [1, 2^23)");

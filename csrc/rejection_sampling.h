@@ -6,7 +6,13 @@
 // two: softmax statistics, then sampling), no synchronisation, no allocation (CUDA-graph
 // capturable). Bad arguments throw std::invalid_argument; CUDA
 // errors throw std::runtime_error.
-//
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace specdec {
+
 // Shared conventions (see specdec_kernels.reference.rejection_sampling for the semantics):
 //   dtype:            0 float32, 1 float16, 2 bfloat16 (target and draft share it).
 //   *_stride_b/_g:    element strides of dims 0 and 1; the last dim must be contiguous.
@@ -21,12 +27,6 @@
 //                     returns every byte it used to zero, so one buffer is reused across
 //                     calls and graph replays on the same stream (never two streams at once).
 //   V:                1 <= V < 2^23 (the fixed-point totals V * 2^40 must fit int64).
-
-#include <cstdint>
-
-#include <cuda_runtime_api.h>
-
-namespace specdec {
 
 // Zeroed workspace rejection_sample needs (depends on B and V only; G is accepted so
 // callers need not know that).

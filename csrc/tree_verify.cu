@@ -1,37 +1,18 @@
 // Verification of token trees (reference/tree_verify.py is the specification).
 //
-// tree_greedy_verify: grid (B, N, splits). Each block reduces one V-chunk of one
-// node's logits to a packed (value, index) argmax key (common.cuh) and
-// atomicMax-es it into the zeroed workspace, exactly like logit_verify_greedy.cu. The
-// last block to finish a batch row (per-row atomic counter) walks the tree from
-// the root in one thread, writes the outputs and re-zeroes the row's keys and
-// counter, so the workspace is handed back zeroed.
+// tree_greedy_verify: grid (B, N, splits); each block atomicMax-es its V-chunk's packed argmax key
+// (as logit_verify_greedy.cu), and the row's last block walks the tree in one thread.
 //
-// tree_rejection_sample: one kernel for both sibling rules (WR: siblings drawn without
-// replacement), grid (B, chunks), V split across a row's CTAs by chunk claiming, the twin of
-// the Triton kernel (specdec_kernels/triton/tree_verify_sampling.py). A row's cost is its full-V
-// passes: the residual's total after each rejected sibling (it gates the next test) and the
-// final draw's cdf. Each such pass is a stage whose V-chunks the row's CTAs claim from a per-row
-// claim word in the zeroed workspace; the CTA that completes a stage runs the walk's serial part
-// in one thread (tests need a few scalars) and opens the next stage; the final draw picks the
-// chunk that holds the threshold from the chunk sums and rescans that chunk alone. A CTA only
-// ever waits for a stage whose chunks are all held by running CTAs, so the kernel needs no
-// co-residency (no cooperative launch, no clusters: the same code on every arch). The protocol
-// and the serial part are SPECDEC_HD code in tree_walk.cuh, which bind_tree_verify.cpp runs on
-// the host to emulate the split walk in chosen interleavings (tests/test_cuda_host_tree_rejection.py).
-// On sm_90 the plan picks the cluster form instead (tree_rejection_cluster_kernel, "form": "cluster"):
-// one thread-block cluster of C <= 16 CTAs per row, grid (B * C), CTA r owning a fixed V-slice of every
-// pass; the row's CTAs are co-resident by construction, so a stage hands off through two cluster barriers
-// and distributed shared memory (partial sums, rank 0's decision) instead of L2 tickets and claim words
-// (~3-5 us a stage), and there is no zeroed workspace. Rank 0 runs the same walk_serial; the final draw's
-// owning slice is found from the partials and rescanned by its CTA. The split form stays the fallback
-// (sm_80, V > 16 * 16384 ids, SPECDEC_TREE_FORM=split); bind_tree_verify.cpp emulates both forms.
-// All weights are int64 fixed point, so every sum is exact and no result depends on the split.
-// The residual after rejected siblings is never stored: each pass recomputes it from p and the
-// rejected siblings' q rows (tree_residual.cuh); the k-th rejection at a node reads k + 1 rows
-// (independent siblings) or 2 (without replacement: the node's one q row, the rank table holding
-// the rejected tokens and the float64 scales S / T'). Rows are read 16 bytes at a time when p's
-// row and the draft block are 16-byte aligned with whole-word strides, element by element otherwise.
+// tree_rejection_sample, the twin of triton/tree_verify_sampling.py, one kernel for both sibling
+// rules (WR). Split form, grid (B, chunks): each full-V pass (a rejected sibling's residual total,
+// the final cdf) is a stage whose chunks the row's CTAs claim from a claim word; the stage's
+// completer runs the serial walk (tree_walk.cuh, SPECDEC_HD so bind_tree_verify.cpp emulates it on
+// the host) and opens the next. A CTA only waits for chunks running CTAs hold: no co-residency needed.
+// Cluster form (sm_90): C <= 16 co-resident CTAs per row hand a stage off through two cluster
+// barriers and distributed shared memory instead of L2 tickets (~3-5 us a stage); the split form
+// stays the fallback (sm_80, V > 16 * 16384, SPECDEC_TREE_FORM=split). The residual after rejected
+// siblings is recomputed per pass from p and the rejected q rows (tree_residual.cuh), never stored;
+// int64 fixed-point weights make every sum exact and split-independent.
 #include <algorithm>
 #include <cmath>
 #include <map>

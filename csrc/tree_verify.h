@@ -5,7 +5,13 @@
 // Both launchers enqueue exactly one kernel on `stream`, never synchronise and
 // never allocate, so they are CUDA-graph capturable. Bad arguments throw
 // std::invalid_argument; CUDA errors throw std::runtime_error.
-//
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace specdec {
+
 // Tree format (reference/tree.py): parents [B, N] int64, node 0 the root, node
 // i > 0 a child of parents[b, i] (the kernels treat any value outside [0, N)
 // as "unused slot"); children are tried in increasing index. Every [B, N] int64
@@ -16,12 +22,6 @@
 //
 // Outputs (int64, contiguous, every element written): out_tokens [B, D+1],
 // num_accepted [B], accepted_nodes [B, D+1], D = max_depth.
-
-#include <cstdint>
-
-#include <cuda_runtime_api.h>
-
-namespace specdec {
 
 // A [B, N] int64 tensor with element strides.
 struct IndexMatrix {

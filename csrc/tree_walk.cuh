@@ -3,20 +3,14 @@
 // `SPECDEC_HD` pieces: the kernel runs them on the GPU, and bind_tree_verify.cpp runs the very same
 // functions on the host, where `host_tree_rejection_split` emulates C CTAs claiming the V-chunks of
 // each stage in a chosen interleaving (the only end-to-end evidence a machine without a GPU gives).
-// No CUDA headers here: element loads come from a `Load` policy (the kernel's widens fp16/bf16 with
-// 16-byte vector loads, the host's reads float32 rows).
+// No CUDA headers here: element loads come from a `Load` policy.
 //
-// The protocol (the Triton kernel's, specdec_kernels/triton/tree_verify_sampling.py): a row's walk
-// is a sequence of stages. Stage 0 is one empty chunk; every later stage is one pass over V (the
-// residual's chunk sums after a rejection, or p's before a final draw without rejections), split in
-// `chunks` V-chunks. A CTA of the row claims a chunk of the current stage from the row's claim word
-// (stage << 32 | chunks claimed), stores its chunk's sums and takes a ticket; the CTA whose ticket
-// completes the stage (the completer) runs the walk's serial part (`walk_serial`: absorb the pass,
-// test children until the next pass or the final draw), draws the token if the walk ends (the chunk
-// holding the threshold, then a rescan of that chunk), and opens the next stage (or marks the row
-// done) by rewriting the claim word. A CTA that finds every chunk of the stage claimed waits for the
-// next stage: every claimed chunk belongs to a running CTA that waits on nothing, so no co-residency
-// is needed. The row's last CTA to leave zeroes the row's words (the workspace is handed back zeroed).
+// The protocol (triton/tree_verify_sampling.py's): a row's walk is a sequence of stages; stage 0 is
+// one empty chunk, every later one a pass over V split in `chunks` chunks. A CTA claims a chunk from
+// the row's claim word (stage << 32 | chunks claimed), stores its sums and takes a ticket; the CTA
+// completing the stage runs `walk_serial`, draws the token if the walk ends, and opens the next
+// stage by rewriting the claim word. A CTA waits only for chunks that running CTAs hold, so no
+// co-residency is needed. The row's last CTA to leave zeroes the row's words.
 
 #include <cstdint>
 #include <cstring>
