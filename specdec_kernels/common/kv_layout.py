@@ -2,9 +2,11 @@
 
 The caches arrive as Python lists of per-layer [B, Hkv, S_max, D] tensors, but a kernel
 that moves all layers in one launch needs every tensor's address and strides on the
-device. Two ways, picked per call.
-
-More on how it works: docs/internals.md, `specdec_kernels/common/kv_layout.py`.
+device. Two ways, picked per call: the fast path, when every layer's K (and V) has the same
+strides and starts a constant step after the previous one (views of one [L, B, Hkv, S_max, D]
+tensor), passes two base pointers, steps and stride triples as plain arguments; anything else
+uploads a [2L, 4] int64 table of (address in bytes, stride_b, stride_h, stride_s), cached by the
+tensors' addresses and strides. The fast path needs no table, so it is also the one to capture.
 """
 
 import collections
@@ -162,9 +164,13 @@ def _table(device: torch.device, rows: tuple, key: _Hashed) -> torch.Tensor:
             entry = _Entry(table, host, uploaded, {stream.cuda_stream})
         else:  # CPU tensors (the Triton interpreter): the table is the host tensor itself
             entry = _Entry(host, host, None, set())
+    # capture needs no wait (waiting on an event recorded outside a capture is invalid): torch.cuda.graph
+    # synchronises the device before capturing, so every earlier upload has landed
     elif device.type == "cuda" and not capturing:
         stream = torch.cuda.current_stream(device)
-        if stream.cuda_stream not in entry.streams:  # made (or last seen) on another stream
+        # a device-side wait once per (table, stream); record_stream so an evicted table's memory is not
+        # reused while a kernel queued on this stream may still read it
+        if stream.cuda_stream not in entry.streams:
             stream.wait_event(entry.uploaded)
             entry.table.record_stream(stream)
             entry.streams.add(stream.cuda_stream)
@@ -209,6 +215,8 @@ def _plan(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> _Plan:
 
 def cache_layout(k_caches, v_caches) -> CacheLayout:
     """The CacheLayout of validated caches (equal-length lists, equal shapes and dtype; or LayerStacks)."""
+    # reading 2L tensors' addresses and strides costs more than the launch at 32 layers: LayerStack
+    # computes the layout from one tensor, CheckedCaches' memo works it out once per set of tensors
     if isinstance(k_caches, LayerStack):
         return _stacked_layout(k_caches.stacked, v_caches.stacked)
     if not k_caches:

@@ -6,7 +6,10 @@ The torch, Triton and CUDA backends implement the same function bit for bit; thi
 is the specification. All arithmetic stays inside int64 without overflow (products are
 split into 16-bit halves), so the torch version is exact on every device.
 
-More on how it works: docs/internals.md, `specdec_kernels/common/rng.py`.
+Counter layout: (cursor + i, row key, salt, extra): the row's draw cursor (the ops' `offsets`), i the
+draw's place in the call, the batch index for an int seed (0 for per-request seeds), the purpose
+(SALT_* here, standardize.SALT_DRAFT, draft_tree.SALT_TREE_DRAFT) and a tree's sibling rank or slot.
+How a loop advances the cursor, and why by the call's width: docs/ops.md, "Randomness".
 """
 
 import torch

@@ -4,9 +4,8 @@ Single-launch kernels combine per-chunk partials through per-row tickets (an ato
 counter per batch row: the program or block that draws the last ticket merges the row).
 The counters must be zero when a launch starts, and every such kernel stores them back to
 zero before it ends, so one zeroed buffer per stream serves every call and every CUDA-graph
-replay without a memset.
-
-More on how it works: docs/internals.md, `specdec_kernels/common/workspace.py`.
+replay without a memset. A call that stops half-way (an interpreter error, a failed launch after
+an earlier one ran) would leave tickets behind, so the launchers run inside `launch_guard`.
 """
 
 import contextlib
@@ -62,7 +61,9 @@ def zeroed_counters(device: torch.device, count: int) -> torch.Tensor:
 def launch_guard(device: torch.device):
     """Around one call's kernel launches on `device`'s current stream (nested guards count as
     one call). If the stream's last guarded call did not return, its kernels may have stopped
-    half-way with tickets or partial state in the zeroed buffer: zero it before launching."""
+    half-way with tickets or partial state in the zeroed buffer: zero it before launching.
+    A kernel that faults asynchronously on a GPU needs no guard: its error is sticky, so every later
+    call on the context fails loudly."""
     key = _stream_key(device)
     depth = _open_calls.get(key, 0)
     if depth < 0:  # the outermost guard of a call that raised: its buffer may be dirty

@@ -4,7 +4,10 @@ Sun et al., "Block Verification Accelerates Speculative Decoding" (ICLR 2025, ar
 2403.10444), Algorithm 2. Same drafts, same target law as token-wise speculative sampling
 (`rejection_sampling.rejection_sample`), and at least as many accepted drafts in expectation.
 
-More on how it works: docs/internals.md, `specdec_kernels/reference/block_verification.py`.
+Paper notation (1-based) -> tensors (0-based): X_i = draft_tokens[:, i-1], Mb(. | c, X^j) =
+target_probs[:, j] (j = g is the bonus row), Ms(. | c, X^j) = draft_probs[:, j]. Every backend must
+reproduce this arithmetic bit for bit: float64 ratios rounded to float32, int64 fixed-point weights
+(so no summation order matters), float64 thresholds.
 """
 
 import torch
@@ -35,6 +38,7 @@ def residual_weights(scale: torch.Tensor, target_rows: torch.Tensor, draft_rows:
 
     scale [...] float32 (p_j), target_rows / draft_rows [..., V] (any float dtype).
     """
+    # the product of two float32 values is exact in float64, so a kernel's FMA gives the same bits
     r = scale.double().unsqueeze(-1) * target_rows.float().double() - draft_rows.float().double()
     r = torch.nan_to_num(r, nan=0.0, posinf=1.0, neginf=0.0).clamp(0.0, 1.0)
     return torch.floor(r * WEIGHT_SCALE).to(torch.int64)
@@ -100,6 +104,7 @@ def block_verify(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed
     # can inspect caller uniforms on a GPU) from keeping a slot past n_b, an invalid draft or a p = 0 prefix
     passed = (coins.accept < h) & (p_cum[:, 1:] > 0)
     index = torch.arange(1, g + 1, device=device).unsqueeze(0)
+    # the LARGEST passing i: a later position can keep a longer prefix after an earlier coin failed
     tau = (passed.to(torch.int64) * index).amax(dim=1) if g else torch.zeros(batch, dtype=torch.int64, device=device)
     accept = index <= tau.unsqueeze(1)  # the prefix X_1..X_tau
 
