@@ -35,7 +35,9 @@ def launch_split_v(kernel, programs: int, tickets: torch.Tensor, target, draft, 
     batch, g = draft_tokens.shape
     vocab = target.shape[-1]
     block_v, tiles, num_splits = sampling_plan(programs, vocab, block_v, min_tiles, max_tiles, target_programs)
-    most_splits = most_sampling_splits(vocab, block_v, min_tiles, max_tiles, target_programs)  # one row splits most
+    # the plan follows B, so the chunk length and split count are runtime ints and BLOCK_S covers the most
+    # splits V can have (at B = 1): nothing recompiles as rows finish (tests/test_triton_recompiles.py)
+    most_splits = most_sampling_splits(vocab, block_v, min_tiles, max_tiles, target_programs)
     mode, seed_int, seeds = randomness_mode(uniforms, seed)
     placeholder = draft_tokens  # any tensor on the device; never read when its flag is off
     if g == 0:

@@ -4,7 +4,9 @@ The problem is decode-shaped: N draft nodes per row (8..64) against a long prefi
 cost is reading the KV cache, and the kernel reads every KV tile once per KV head for all
 N nodes and all Hq/Hkv query heads that share it.
 
-More on how it works: docs/internals.md, `specdec_kernels/triton/attention.py`.
+One launch of `_split_kernel` (plus `_merge_kernel` with several prefix splits); the split count
+depends on static shapes only, and values the host cannot check are clamped in the kernel (seq_lens,
+page ids, parents), so a call is CUDA-graph capturable and never reads out of bounds.
 """
 
 import torch
@@ -197,6 +199,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, seq_lens_ptr, parents_ptr, table_ptr, out
                   TREE: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     m_rows = n_nodes * group
     m_blocks = tl.cdiv(m_rows, BLOCK_M)
+    # (row, KV head, M block) folded into grid x (grid y and z stop at 65535), M block fastest so that the
+    # programs of one KV head run side by side and share its tiles in L2
     pid_m = tl.program_id(0) % m_blocks
     bh = tl.program_id(0) // m_blocks
     split = tl.program_id(1)
@@ -204,7 +208,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, seq_lens_ptr, parents_ptr, table_ptr, out
     kvh = (bh % num_kv_heads).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < m_rows
-    node = rows // group
+    node = rows // group  # the MMA's M packs (node, query head of this KV head) pairs
     head = kvh * group + rows % group
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM

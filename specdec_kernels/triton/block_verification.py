@@ -4,7 +4,11 @@ One launch, grid (B * (g + 1), num_splits): program (row, split) owns one V-chun
 position `pos` of batch row b (row = b * (g + 1) + pos). Positions past the row's n_b drafts
 exit at once and take no ticket. No host sync, no data-dependent allocation, no [B, V] scratch.
 
-More on how it works: docs/internals.md, `specdec_kernels/triton/block_verification.py`.
+Every live program redoes the row's cheap prefix scan (2 n_b gathered scalars), sums its chunk's
+int64 residual and plain weights, and takes a ticket; the last program (`_finish`) forms Z, h and tau
+and draws the final token from the chunk totals with a one-chunk rescan. Integer sums and exactly
+rounded float64 arithmetic make the output equal `reference.block_verify` bit for bit for every
+dtype and split.
 """
 
 import functools

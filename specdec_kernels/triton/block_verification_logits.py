@@ -1,7 +1,11 @@
 """Triton backend of `block_verify_logits`: block verification on p = softmax(target_logits / T),
 q = softmax(draft_logits / T) in float32, without writing a softmax to memory.
 
-More on how it works: docs/internals.md, `specdec_kernels/triton/block_verification_logits.py`.
+Two launches: the per-chunk softmax statistics of every row a batch row uses, then the block
+kernel of block_verification.py with LOGITS, which computes p and q from the logits on the fly.
+The residual masses need normalised rows, so the second launch is the price of not streaming a
+row's n_b + 1 row pairs in one program; each logit row is read twice. Decisions within ~1e-5
+(relative) of their boundary may differ from the reference (docs/ops.md, "Numerics").
 """
 
 import functools

@@ -3,7 +3,10 @@
 The work is a skinny GEMM over the [V, H] LM-head weight, memory-bound at B <= 64: the
 kernel reads the weight once for all rows.
 
-More on how it works: docs/internals.md, `specdec_kernels/triton/early_exit.py`.
+Three launches: `_normalize_kernel` writes norm(hidden) once (as hi + lo halves of a 16-bit weight
+dtype), `_split_topk_kernel` streams whole vocabulary tiles for BLOCK_B rows and keeps a running
+top-k of packed int64 keys per row, `_merge_kernel` merges the splits' candidates. Sized from static
+shapes only (CUDA-graph capturable); k > FUSED_MAX_K runs on the materialised torch path.
 """
 
 import torch
@@ -64,7 +67,7 @@ def _split_halves(x, DTYPE: tl.constexpr):
 def _dot_acc(acc, x, x_lo, w, DOT_MODE: tl.constexpr):
     """acc + x @ w^T, w [BLOCK_V, BLOCK_H]: x [BLOCK_B, BLOCK_H] is the normalised hidden state,
     float32, or with DOT_SPLIT16 its hi half and x_lo its lo half in the weight dtype."""
-    if DOT_MODE == DOT_SPLIT16:
+    if DOT_MODE == DOT_SPLIT16:  # two tensor-core dots: ~16 significant bits of x, the weights exact
         acc = tl.dot(x, tl.trans(w), acc)
         return tl.dot(x_lo, tl.trans(w), acc)
     elif DOT_MODE == DOT_TF32X3:
@@ -172,6 +175,7 @@ def _split_topk_kernel(x_ptr, x_lo_ptr, w_ptr, cand_ptr, batch, hidden, vocab, n
             w = tl.load(w_rows + cols[None, :], mask=v_ok[:, None] & col_ok[None, :], other=0.0)
             acc = _dot_acc(acc, x, x_lo, w, DOT_MODE)
         keys = _order_key(acc, ids)
+        # the kept keys are an unsorted set whose minimum is the threshold; tile keys above it replace it
         cand = tl.where(row_ok[:, None] & v_ok[None, :] & (keys > thresh[:, None]), keys, EMPTY_KEY)
         best = tl.max(cand, axis=1)
         while tl.max(best, axis=0) > EMPTY_KEY:  # at most k steps: candidates come largest first

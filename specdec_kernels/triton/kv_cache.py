@@ -1,6 +1,10 @@
 """Triton backend of `kv_compact`: every layer's K and V in one launch, in place.
 
-More on how it works: docs/internals.md, `specdec_kernels/triton/kv_cache.py`.
+Row b's entry j moves cache row seq_lens[b] + accepted_nodes[b, j] to seq_lens[b] + j. The entries
+increase strictly from >= 0, so src_j >= dst_j and no row is read after an earlier entry wrote it;
+the only hazard is a write after a read in the same column. So programs split the columns freely and
+go through the rows in increasing j (csrc/kv_cache.cu rests on the same argument). Grid (B x column
+blocks, 2L): K layers, then V layers; tensor addresses come from common.kv_layout.
 """
 
 import torch
@@ -47,6 +51,7 @@ def _kv_compact_kernel(k_ptr, v_ptr, table_ptr, seq_lens_ptr, accepted_ptr, new_
         valid = a >= 0
         count += tl.sum(valid.to(tl.int64), axis=0)
         end = tl.maximum(end, tl.max(tl.where(valid, j + 1, 0), axis=0))
+        # entries with src == dst (the root, a chain-shaped path) are a prefix: a_j > j implies a_k > k for k > j
         first = tl.minimum(first, tl.min(tl.where(valid & (a != j), j, M), axis=0))
     seq_len = tl.load(seq_lens_ptr + b * stride_len)
     if (t == 0) & (col_block == 0):
@@ -85,6 +90,7 @@ def _kv_compact_kernel(k_ptr, v_ptr, table_ptr, seq_lens_ptr, accepted_ptr, new_
             a = tl.load(acc_row + j * stride_am, mask=j < end, other=-1)
             src = start + a
             dst = start + j
+            # unvalidated GPU inputs (seq_lens + node past S_max, negative lengths) skip rows, never leave the cache
             move = (a >= 0) & (a != j) & (src >= 0) & (src < seq_cap) & (dst >= 0) & (dst < seq_cap)
             mask = move[:, None, None] & col_mask[None, :, :]
             rows = tl.load(row_base + src[:, None, None] * ss + col_off[None, :, :], mask=mask)

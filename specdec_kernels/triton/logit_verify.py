@@ -5,7 +5,12 @@ One launch per call, split over V (the usual speculative-decoding batch has few 
 a large V, so one program per row would leave the GPU idle). No host sync, no
 data-dependent allocation; every logits row the contract needs is read once.
 
-More on how it works: docs/internals.md, `specdec_kernels/triton/logit_verify.py`.
+`_chain_verify_kernel`, grid (B*(g+1), num_splits), stores per chunk the argmax partial, the count
+of ids ranking ahead of the draft (relaxed: exact integer sums) or the chunk's (max, sum exp) (bild);
+the program that draws its batch row's last ticket merges every position at once ([g+1, splits])
+and finds the first rejection with no serial walk. greedy and relaxed are comparisons and counts,
+bit-exact; bild_verify and max_prob sum lse in another order than torch.logsumexp (docs/ops.md,
+"Numerics").
 """
 
 import torch

@@ -1,7 +1,13 @@
 """Triton backend of `rejection_sample` (chain drafts, speculative sampling), and the chain
 kernel of `rejection_sample_logits` (LOGITS).
 
-More on how it works: docs/internals.md, `specdec_kernels/triton/rejection_sampling.py`.
+One launch, grid (B, num_splits): the final row is split over V so that a small batch still fills
+the GPU. Each program redoes the row's cheap accept walk (2 n_b gathered scalars), so it knows the
+final row without talking to the others, sums its chunk's fixed-point weights of the residual and
+of p (the fallback) and takes a ticket; the row's last program draws floor(u * total) and rescans
+the one chunk that holds it. Integer sums make the result equal `reference.rejection_sample` bit
+for bit on every dtype and split. With LOGITS, p and q come from the logits and the per-chunk
+softmax statistics of a first launch (rejection_sampling_logits.py).
 """
 
 import functools

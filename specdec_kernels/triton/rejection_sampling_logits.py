@@ -2,7 +2,11 @@
 temperature, p = softmax(target_logits / T), q = softmax(draft_logits / T) in float32,
 without ever writing a softmax to memory.
 
-More on how it works: docs/internals.md, `specdec_kernels/triton/rejection_sampling_logits.py`.
+Two launches: the per-chunk softmax statistics of every row a batch row uses, then the chain
+kernel of rejection_sampling.py with LOGITS, which merges them and computes p and q on the fly; the
+final draw is split over V like the statistics. z = x / T and the row maxima equal the reference's
+bit for bit, exp and the summation order do not, so decisions within ~1e-5 (relative) of their
+boundary may differ (docs/ops.md, "Numerics").
 """
 
 from ..common.registry import register

@@ -8,7 +8,10 @@ row's `parents` and `tree_tokens` as BLOCK_N = next_power_of_2(N) lanes (`_tree_
 current node, and the accepted path (nodes and tokens, at most N entries). The outputs are
 stored once at the end (the path, then -1 up to max_depth + 1).
 
-More on how it works: docs/internals.md, `specdec_kernels/triton/tree_verify.py`.
+tree_greedy_verify has two kernels, chosen from (B, N, max_depth) only (SPLIT_ROWS_PER_LEVEL):
+`_tree_greedy_kernel`, one program per row streaming each visited node's row, or
+`_tree_greedy_split_kernel`, grid (B*N, splits), which computes every node's argmax split over V in
+parallel and lets the row's last ticket walk the tree in registers. Comparisons only: bit-exact.
 """
 
 import torch

@@ -6,7 +6,15 @@ cur) the children are tried in index order; a test reads a few scalars, but each
 needs the residual's total over V before the next test, and the final draw needs a cdf over V.
 Those full-V passes are what a row costs, so they are split over V across the row's programs.
 
-More on how it works: docs/internals.md, `specdec_kernels/triton/tree_verify_sampling.py`.
+Grid (B, C): a row advances in stages, each one pass over C V-chunks. Programs claim chunks from the
+row's claim word (int64: stage << 32 | chunks claimed) with one atomic add; the program that finishes a
+stage's last chunk (a ticket) runs the walk's serial part (child tests, the rank table, the outputs)
+until the walk needs another pass, then opens the next stage. A program only waits for chunks running
+programs hold, so any grid and schedule works (under the interpreter the first program does the whole
+row). The residual after rejected siblings is recomputed per pass from p and the rejected q rows
+rather than stored: k rejected siblings of a node cost k(k+3)/2 row reads (independent rule), less
+than writing and re-reading an int64 residual row up to about k = 13 (16-bit) or 5 (float32).
+csrc/tree_verify.cu is the CUDA twin (with a cluster form on sm_90).
 """
 
 import torch
@@ -66,7 +74,8 @@ def _draft_base(draft_ptr, b, cur, stride_qb, stride_qn, WR: tl.constexpr):
 
 @triton.jit
 def _load_cg(ptr):
-    """A word another program stored (the walk state, the rank table): from L2, see the docstring."""
+    """A word another program stored (the walk state, the rank table): from L2, since L1 is not coherent
+    across SMs."""
     return tl.load(ptr, cache_modifier=".cg")
 
 
