@@ -9,7 +9,9 @@ A forward on a SpecCache passes one extra keyword, `specdec_step=TreeStep(cache,
 forwards unknown keywords from the model's forward down to the attention function. The new
 tokens' K/V were written by `SpecCache.update` at seq_lens[b] + i just before the call.
 
-More on how it works: docs/internals.md, `specdec_kernels/hf/attention.py`.
+The cache's `backend` picks the kernel. Eager chains on the CPU with backend "auto" or "torch" take a
+lean path instead (`lean_chain`: torch SDPA with one mask per forward, shared by every layer): the
+same attention as the op's torch reference, without its checks, dispatch and lse.
 """
 
 from dataclasses import dataclass, field

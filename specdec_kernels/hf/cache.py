@@ -5,7 +5,8 @@ K (and V) for all layers is ONE tensor [L, B, Hkv, S_max, D]; each layer's cache
 for all layers at once). `seq_lens [B]` (int64, on the cache's device) counts each row's
 committed tokens, so rows sit at different lengths without padding the KV.
 
-More on how it works: docs/internals.md, `specdec_kernels/hf/cache.py`.
+A forward writes its N new tokens at seq_lens[b] + i and leaves the lengths alone; `commit`,
+`rollback` (chains) or `compact` (trees) then says what stays (docs/hf.md, "SpecCache").
 """
 
 import torch

@@ -8,7 +8,7 @@ assistant_confidence_threshold 0.4, look-behinds 10) into the call's config befo
 value of the call's config counts as asked for when generate() was passed it, when the target's own
 generation_config sets it, or when it differs from HF's default; the assistant's counts when it is set.
 
-More on how it works: docs/internals.md, `specdec_kernels/hf_generate/assisted.py`.
+Which setting maps to which strategy option: docs/hf.md, "HF's assisted-generation settings".
 """
 
 from ..decoding.strategies import STRATEGIES
