@@ -1,7 +1,9 @@
 """Strategy `bild` (Kim et al., Big Little Decoder). LOSSY: not the large model's distribution nor,
 in general, its greedy output (the paper's "ensembling effect").
 
-More on how it works: docs/internals.md, `specdec_kernels/decoding/bild.py`.
+The options (mode, rollback_rule, verify_small_eos) and the statistics: docs/strategies/bild.md.
+Under CUDA graphs the small model runs max_small_run forwards every round (static shapes) and a row's
+tokens after its fallback are ignored; eagerly the round stops once no row is still running.
 """
 
 import torch

@@ -1,7 +1,10 @@
 """Token trees drafted by a small model for strategy `speculative` (tree_topk=K, tree_nodes=N,
 num_draft_tokens=DEPTH): dynamic per-row trees in the manner of EAGLE-2, with static shapes.
 
-More on how it works: docs/internals.md, `specdec_kernels/decoding/draft_tree.py`.
+A level expands each beam node's K most probable (or sampled) children and keeps the K of highest
+cumulative log-probability; the tree is the N best candidates. A child never scores above its parent
+and ties go to the earlier candidate, so the N hold all their ancestors and parents come first.
+Which tokens form the tree never affects exactness, only how many are accepted.
 """
 
 from dataclasses import dataclass
@@ -89,6 +92,8 @@ def sample_children(q: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor]:
     for j in range(uniforms.shape[-1]):
         token, valid = sample_weights(weights, uniforms[..., j])
         token = torch.where(valid, token, tokens[0] if tokens else token)
+        # the chance that the next draw meets a token drawn from q: scoring a child without looking at its
+        # own token keeps whether it is kept independent of its value, which exactness needs
         value = torch.where(valid, mass2.clamp(min=0.0), 0.0)  # depends on the earlier draws only
         increments.append(torch.log(value).clamp(max=0.0))
         tokens.append(token)

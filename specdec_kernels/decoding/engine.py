@@ -6,7 +6,10 @@ committed token but the last one, the row's "root"; a step feeds [root, x_1..x_g
 and `cache.rollback(num_accepted)` keeps the root and the accepted drafts, so the emitted
 correction/bonus token becomes the next root. Draft caches are the drafter's (see draft_model.py).
 
-More on how it works: docs/internals.md, `specdec_kernels/decoding/engine.py`.
+Rows are independent (per-row lengths, seeds, draw cursors; a finished row writes nothing more), and
+the host reads one small tensor per step to decide whether to stop, drop finished rows (eager only)
+and adapt the draft length. With CUDA graphs every tensor a captured step touches is made through
+`keep` and every cache through `reuse`, so a later call with the same session_key replays the graphs.
 """
 
 import contextlib

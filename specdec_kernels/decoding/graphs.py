@@ -8,7 +8,13 @@ CUDA graphs need); the second captures and replays; later calls copy their input
 input buffers (skipped when they already are those buffers) and replay. Outputs of a replayed step
 are the captured output tensors, overwritten by the next replay.
 
-More on how it works: docs/internals.md, `specdec_kernels/decoding/graphs.py`.
+Warm-up and capture run on ONE side stream per device, so the per-stream workspaces of the
+single-launch kernels (common/workspace.py) are found again during capture and an op captures as one
+kernel node. A GraphSession keeps the graphs, their strategy object and every tensor they read,
+keyed by engine.Engine.session_key; at most MAX_SESSIONS are kept, clear_graph_cache() frees them.
+A capture that raises warns once and runs that step and the rest of the call eagerly (the tokens are
+the eager path's); the session is discarded, so the next call tries again. CudaGraphs is the seam
+that tests replace with a fake (use_backend) to count captures on the CPU.
 """
 
 import collections

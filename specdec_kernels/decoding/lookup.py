@@ -4,7 +4,10 @@ or as a token tree of every earlier continuation ranked by frequency (SuffixDeco
 target in one forward with the chain and tree ops, so greedy output is the target's greedy output and
 sampled output follows the target's distribution.
 
-More on how it works: docs/internals.md, `specdec_kernels/decoding/lookup.py`.
+Options, matching and the cache: docs/strategies/lookup.md. Width: eagerly a step is as wide as the
+batch's longest draft (one host read, `plan`); under CUDA graphs it is static and the match runs inside
+the captured draft step, rows with shorter drafts ragged. Drafts are deterministic, so q is one-hot, and
+every draw is keyed by the row's cursor (engine.cursor): the strategy draws nothing itself.
 """
 
 import torch

@@ -5,7 +5,8 @@ across `generate` calls (agent loops, repeated requests: SuffixDecoding's global
     for request in requests:
         out = specdec_kernels.generate(target, ids, strategy="lookup", lookup_cache=cache, ...)
 
-More on how it works: docs/internals.md, `specdec_kernels/decoding/lookup_cache.py`.
+Memory and eviction (one int64 slot per token, first in first out, updated in place so kept CUDA
+graphs replay on the new contents; one cache per tokenizer, not thread-safe): docs/strategies/lookup.md.
 """
 
 import torch

@@ -1,7 +1,10 @@
 """Where a row's text repeats its own end: the suffix scan behind strategy `lookup` (lookup.py), and the
 chain draft it gives.
 
-More on how it works: docs/internals.md, `specdec_kernels/decoding/lookup_match.py`.
+`scan` answers, for every position of a row's [B, W] text buffer, how many of the text's last
+max_ngram tokens the text ending there repeats: what a suffix tree would answer, from max_ngram
+vectorised comparisons. Static shapes, no host sync (a CUDA graph captures it); O(B * W * max_ngram)
+element operations per step, microseconds on a GPU for W in the tens of thousands.
 """
 
 from dataclasses import dataclass

@@ -1,7 +1,11 @@
 """Token trees from every earlier occurrence of a row's suffix (strategy `lookup` with tree_nodes > 0), in the
 manner of SuffixDecoding (Oliaro et al., NeurIPS 2025), on the scan of lookup_match.py.
 
-More on how it works: docs/internals.md, `specdec_kernels/decoding/lookup_tree.py`.
+A node of the trie of the occurrences' continuations is ranked by the longest agreement among the
+occurrences through it, then by how many of those pass through it, then by its best occurrence, then
+by depth: the longest match's subtree comes first (SuffixDecoding's order), shorter matches fill the
+rest of the budget. A node never outranks its parent, so the kept nodes hold all their ancestors.
+Static shapes ([B, M, M, depth] comparisons), no host sync.
 """
 
 from dataclasses import dataclass

@@ -9,8 +9,6 @@ deep). The emitted tokens come only from final-layer logits, so the output is gr
 
 Statistics: stats.per_position_acceptance[0] is the measured match rate p̂ (hits per step);
 stats.extra carries exit_layer, k, head and the theory at that p̂.
-
-More on how it works: docs/internals.md, `specdec_kernels/decoding/ppd.py`.
 """
 
 import copy
@@ -109,6 +107,7 @@ class PPDDecoder(Drafter):
         return StepPlan(self.k, depth=1)  # k one-node branches: the verifier walks one level
 
     def propose(self, engine: Engine, first: bool) -> Proposal:
+        # writes the root's lower-layer K/V, which the verify forward rewrites in place (same slot, same inputs)
         state = engine.target.forward_to_layer(engine.root.unsqueeze(1), engine.cache, self.exit_layer)
         hidden = state.hidden[:, 0]
         if self.candidates is not None:

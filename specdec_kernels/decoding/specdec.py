@@ -9,7 +9,8 @@ output. Any other setting is LOSSY by design (the paper selects top_beta=3, tau=
 86.5 relative BLEU against greedy): bench/sweep_specdec.py measures the drift as the share of
 outputs identical to greedy. Greedy only: SpecDec has no sampling variant (do_sample=True is an error).
 
-More on how it works: docs/internals.md, `specdec_kernels/decoding/specdec.py`.
+The drafter keeps its own prefix cache (models/specdec_drafter.py); each step feeds it the tokens
+the previous step committed, from preallocated buffers so the step is CUDA-graph capturable.
 """
 
 import torch
