@@ -6,7 +6,7 @@ A small Llama target, a smaller Llama draft sharing its tokenizer, a SpecDec dra
 in a set: eagle3/ has its own MADE.md), shipped inside the package (folder `default_models/`, its
 MADE.md says how they were made). One folder holds one set.
 
-More on how it works: docs/internals.md, `specdec_kernels/defaults.py`.
+The folder layout and the models' sizes: docs/default-models.md.
 """
 
 from dataclasses import dataclass

@@ -7,7 +7,7 @@ tokens/s, speed-up over greedy, mean accepted tokens per target forward, accepta
 the tokens equal greedy's. `--models PATH` takes another set in the defaults layout; `--target PATH
 --draft PATH` takes the user's own local HF causal LMs (sharing a tokenizer).
 
-More on how it works: docs/internals.md, `specdec_kernels/demo.py`.
+Its options, the timing (interleaved repeats, medians, a noisy flag) and the CPU threads: docs/demo.md.
 """
 
 import argparse

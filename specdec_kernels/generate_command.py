@@ -1,6 +1,6 @@
 """`specdec-kernels generate`: decode your prompts with one strategy and print the text and its statistics.
 
-More on how it works: docs/internals.md, `specdec_kernels/generate_command.py`.
+Its options (models, `--option NAME=VALUE`, `--check`, sampling): docs/demo.md, "specdec-kernels generate".
 """
 
 import argparse

@@ -118,7 +118,8 @@ class GraphRunner:
                 self.warmed.add(key)
                 return self.backend.warm_up(stream, fn, inputs)
             if not self._capture(key, stream, fn, inputs):
-                return fn(*inputs)  # the failed capture ran nothing (module docstring): this step, eagerly
+                # CUDA records captured kernels without running them: the in-place state is as it was
+                return fn(*inputs)  # so this step runs again, eagerly
         graph, static_inputs = self.graphs[key]
         for static, x in zip(static_inputs, inputs):
             if static is not None and static.data_ptr() != x.data_ptr():

@@ -10,7 +10,9 @@ Two forms, chosen by `config.encoder_layers`:
   request, and a shallow decoder over [decoder start ; committed ; MASK x k] with cross-attention
   (paper: 12 encoder + 2 decoder layers at base size).
 
-More on how it works: docs/internals.md, `specdec_kernels/models/specdec_drafter.py`.
+Prefix rows never see the masks (a deviation from the paper's code, which re-encodes the whole prefix
+every step), so their K/V live in a DrafterCache and a step feeds only the newly committed tokens plus
+the k masks (docs/strategies/specdec.md).
 """
 
 from dataclasses import dataclass

@@ -1,6 +1,7 @@
 """`train_specdec_drafter`: train SpecDec's block-parallel drafter on a target model and plain text.
 
-More on how it works: docs/internals.md, `specdec_kernels/training/specdec_drafter.py`.
+Sequence-level distillation (the target's greedy continuations are the labels), a random prefix per
+example, dense blocks, GLAT glancing and a cosine schedule: the recipe is in docs/strategies/specdec.md.
 """
 
 import math
@@ -180,12 +181,12 @@ def train_specdec_drafter(target, texts, *, tokenizer=None, block_size: int = 10
         drafter / drafter_config: continue training a drafter, or build one (default_drafter_config
             with these overrides; embeddings copied from the target when the widths match).
         steps, batch_size, learning_rate, warmup_steps, weight_decay, clip_norm, label_smoothing:
-            the optimisation (see the module docstring).
+            the optimisation (AdamW (0.9, 0.999, eps 1e-6), clip by norm, label-smoothed cross-entropy).
         glancing, glance_ratio: GLAT on/off and its (start, end) ratio.
         schedule: "cosine" (warm-up, then cosine to 10% of learning_rate at `steps`) or
             "inverse_sqrt" (warm-up, then sqrt(warmup / step)).
-        dense: every continuation prefix of a row is a block in one forward (see the module
-            docstring); False: one random block per row (the official code's sampling).
+        dense: every continuation prefix of a row is a block in one forward
+            (SpecDecDrafter.forward_blocks); False: one random block per row (the official code's sampling).
         continuation_length: greedy tokens generated per prompt.
         max_prompts: how many prompts are distilled: "auto" (the default) = steps * batch_size, so
             each training row is a fresh prompt (a drafter that sees its prompts many times learns

@@ -82,7 +82,7 @@ def _finish(target_ptr, draft_ptr, part_ptr, uniforms_ptr, seeds_ptr, offsets_pt
         coins = philox_uniform(seed_b, offset + k, row_key, SALT_ACCEPT, 0)  # eta_{k+1}: rejection_sample's
     # strict: h = 0 never passes, h = 1 always does. p_i > 0 (so i <= n and X_1..X_i valid) keeps
     # the op's contract for uniforms a GPU call cannot inspect: a negative coin never keeps -1
-    # padding, an id outside [0, V), or a slot past n_b (see the module docstring)
+    # padding, an id outside [0, V), or a slot past n_b (the reference's `eta_i < h_i` alone would, at h = 0)
     passed = (coins < h) & (nexts > 0)
     tau = tl.max(tl.where(passed, k + 1, 0), axis=0).to(tl.int64)  # a later pass rescues earlier failures
 
