@@ -6,7 +6,8 @@ for all layers at once). `seq_lens [B]` (int64, on the cache's device) counts ea
 committed tokens, so rows sit at different lengths without padding the KV.
 
 A forward writes its N new tokens at seq_lens[b] + i and leaves the lengths alone; `commit`,
-`rollback` (chains) or `compact` (trees) then says what stays (docs/hf.md, "SpecCache").
+`rollback` (chains) or `compact` (trees) then says what stays (docs/hf.md, "SpecCache and the
+engine's cache invariant").
 """
 
 import torch
