@@ -8,7 +8,7 @@ inputs, and decodes with the embedded default models through every strategy, wit
 without CUDA graphs, asking for the target's own greedy tokens. Prints a pass/fail matrix
 (ops x backends) with the device, driver and versions, then every failure in detail.
 
-More on how it works: docs/internals.md, `specdec_kernels/selftest/__init__.py`.
+Its options, output and the GPU scripts that run it: docs/gpu.md.
 """
 
 import argparse

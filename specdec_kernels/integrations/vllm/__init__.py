@@ -8,7 +8,7 @@ SPECDEC_KERNELS_VLLM=1 it returns at once: installing this package never changes
 deployment by surprise. With it, two module attributes of `vllm.v1.sample.rejection_sampler`
 (the ones `RejectionSampler.forward` calls) are replaced.
 
-More on how it works: docs/internals.md, `specdec_kernels/integrations/vllm/__init__.py`.
+How to run it and what it replaces: docs/vllm.md.
 """
 
 import inspect

@@ -10,7 +10,7 @@ the target's (processed) logits at each draft position, and the bonus token of e
 already sampled by vLLM's own sampler (`bonus_token_ids [B, 1]`). The result is int32
 `[B, max_spec_len + 1]`: accepted drafts, then the correction or bonus token, then -1.
 
-More on how it works: docs/internals.md, `specdec_kernels/integrations/vllm/sampler.py`.
+What each function keeps of vLLM and what differs: docs/vllm.md.
 """
 
 import json
