@@ -351,3 +351,36 @@ def test_root_alone_draws_from_p_and_unknown_siblings_fail():
     with pytest.raises(ValueError, match="siblings"):
         reference.tree_traversal_sample(p, p, torch.zeros(1, 1, dtype=torch.int64), torch.tensor([[-1]]),
                                         max_depth=0, siblings="sampled")
+
+
+def spread_outcomes(cases):
+    """(case, tokens, P(walk ends at node) [N]) for drafts whose walk ends at >= 4 nodes with probability >= 2%."""
+    for case in cases:
+        for _, tokens in case.assignments():
+            exact = [0.0] * case.n
+            for weight, path, _ in walk_outcomes(case.tree(tokens)):
+                exact[path[-1]] += weight
+            if sum(prob >= 0.02 for prob in exact) >= 4:
+                yield case, tokens, exact
+
+
+@pytest.mark.parametrize("siblings", ["independent", "without_replacement"])
+@pytest.mark.parametrize("mode", ["uniforms", "seed"])
+def test_the_op_draws_its_coins_as_the_walk_says(siblings, mode):
+    """The op on one fixed bushy tree: the accepted node's frequencies over many rows match the exact law of
+    `traverse` (chi-square), with caller uniforms and with the counter-based draws (distinct per node)."""
+    from scipy import stats
+
+    case, tokens, exact = next(found for found in spread_outcomes(random_cases(60, siblings, seed=58)))
+    rows = 2000
+    inputs = [x.expand(rows, *x.shape[1:]) for x in case.inputs(tokens)]
+    randomness = (dict(uniforms=torch.rand(rows, case.n, generator=torch.Generator().manual_seed(7),
+                                           dtype=torch.float64)) if mode == "uniforms" else dict(seed=8))
+    _, accepted, nodes = reference.tree_traversal_sample(*inputs, max_depth=case.depth, siblings=siblings,
+                                                         **randomness)
+    last = nodes.gather(1, accepted.unsqueeze(1)).squeeze(1)
+    counts = torch.bincount(last, minlength=case.n).double()
+    expected = torch.tensor(exact, dtype=torch.float64) * rows
+    assert bool((counts[expected == 0] == 0).all())
+    keep = expected > 0
+    assert stats.chisquare(counts[keep], expected[keep]).pvalue > 1e-4
