@@ -196,14 +196,12 @@ __device__ void merge_splits(const Params& p, const Cta& c, int active, int bloc
     const float m_a = lane < active ? m_of(lane) : -INFINITY;
     const float m_b = lane + 32 < active ? m_of(lane + 32) : -INFINITY;
     float m_max = fmaxf(m_a, m_b);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) m_max = fmaxf(m_max, __shfl_xor_sync(0xFFFFFFFFu, m_max, off));
+    m_max = reduce::warp_all(m_max, reduce::MaxF32{});
     // A real row always sees its own node, so some split has a finite max.
     const float w_a = lane < active ? split_weight(m_a, m_max) : 0.0f;
     const float w_b = lane + 32 < active ? split_weight(m_b, m_max) : 0.0f;
     float l = (lane < active ? l_of(lane) * w_a : 0.0f) + (lane + 32 < active ? l_of(lane + 32) * w_b : 0.0f);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xFFFFFFFFu, l, off);
+    l = reduce::warp_all(l, reduce::Sum{});
     const float inv_l = 1.0f / l;
     for (int d0 = 0; d0 < p.D; d0 += 32) {
       const int d = d0 + lane;
@@ -614,15 +612,13 @@ __global__ void __launch_bounds__(kSimtThreads) tree_attention_simt_kernel(const
         if (!((win >> key) & 1ull)) x = -INFINITY;
       }
       float tile_max = x;
-#pragma unroll
-      for (int off = 8; off > 0; off >>= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xFFFFFFFFu, tile_max, off));
+      tile_max = reduce::warp_all<16>(tile_max, reduce::MaxF32{});  // within each half-warp
       const float m_new = fmaxf(m_run[rr], tile_max);
       const float offset = softmax_offset(m_new);
       const float alpha = exp2f(m_run[rr] - offset);
       const float pj = exp2f(x - offset);
       float psum = pj;
-#pragma unroll
-      for (int off = 8; off > 0; off >>= 1) psum += __shfl_xor_sync(0xFFFFFFFFu, psum, off);
+      psum = reduce::warp_all<16>(psum, reduce::Sum{});
       m_run[rr] = m_new;
       l_run[rr] = l_run[rr] * alpha + psum;
 #pragma unroll

@@ -96,7 +96,7 @@ __device__ __forceinline__ void block_verify_body(const Rows& rows, const BlockI
                                                   int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted,
                                                   const Workspace& ws, int G, int V, int64_t chunk) {
   using Prob = typename Rows::Prob;
-  __shared__ long long sum_scratch[kWarps][2];
+  __shared__ reduce::I64Pair sum_scratch[kWarps];
   __shared__ long long scan_scratch[kWarps];
   __shared__ float s_p[kThreads], s_q[kThreads];
   __shared__ bool s_ok[kThreads];

@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "block_reduce.cuh"
 #include "ordered_key.cuh"
 
 // Throws instead of aborting so that pybind11 surfaces a Python RuntimeError.
@@ -92,15 +93,10 @@ __device__ __forceinline__ float float_from_order_preserving(uint32_t ord) {
 }
 
 // ---------------------------------------------------------------------------
-// Reductions (no CUB in the minimal toolkit).
+// Packed-key maxima (the argmax kernels); the trees are block_reduce.cuh's.
 // ---------------------------------------------------------------------------
 __device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const unsigned long long other = __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-    v = other > v ? other : v;
-  }
-  return v;
+  return reduce::warp_all(v, reduce::MaxU64{});
 }
 
 // Max over the block; the result is valid in thread 0 (warp 0 in fact).
@@ -110,17 +106,7 @@ template <int kThreads>
 __device__ __forceinline__ unsigned long long block_max_u64(unsigned long long v,
                                                             unsigned long long* scratch) {
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "block size");
-  constexpr int kWarps = kThreads / 32;
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  v = warp_max_u64(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < kWarps ? scratch[lane] : 0ull;
-    v = warp_max_u64(v);
-  }
-  return v;
+  return reduce::block_to_warp0<kThreads / 32>(v, scratch, 0ull, reduce::MaxU64{});
 }
 
 }  // namespace specdec

@@ -51,11 +51,7 @@ __device__ __forceinline__ float load_any(const void* p, int dtype, int64_t i) {
   return static_cast<const float*>(p)[i];
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
-  return v;
-}
+__device__ __forceinline__ float warp_sum(float v) { return reduce::warp_all(v, reduce::Sum{}); }
 
 struct SplitArgs {
   const void* hidden;
@@ -223,13 +219,7 @@ struct NormArgs {
 };
 
 __device__ __forceinline__ float block_sum(float v, float* partial) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  v = warp_sum(v);
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kNormThreads / 32; ++i) total += partial[i];
+  const float total = reduce::block_all<kNormThreads / 32>(v, partial, 0.0f, reduce::Sum{});
   __syncthreads();  // partial is reused by the next sum
   return total;
 }

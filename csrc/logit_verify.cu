@@ -24,6 +24,15 @@
 #include "logit_verify.h"
 
 namespace specdec {
+namespace logit {
+
+// A MaxSum crosses lanes field by field (block_reduce.cuh's trees find this by argument lookup).
+__device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int offset) {
+  return MaxSum{reduce::shfl_xor(v.m, offset), reduce::shfl_xor(v.s, offset)};
+}
+
+}  // namespace logit
+
 namespace {
 
 using logit::MaxSum;
@@ -31,7 +40,6 @@ using logit::MaxSum;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 static_assert(kThreads == plans::kVerifyThreads, "launch_plan.h mirrors the block size");
-constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 // What a block accumulates over its chunk (bit flags).
 constexpr int kArgmax = 1;  // packed (value, -index) key
@@ -44,41 +52,18 @@ constexpr int kSumExp = 4;  // (max, sum exp(x - max)) (bild_verify, max_prob)
 // array, so several can run back to back without a barrier in between.
 // ---------------------------------------------------------------------------
 __device__ __forceinline__ unsigned block_sum_u32(unsigned v, unsigned* scratch) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < kWarps ? scratch[lane] : 0u;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
-  }
-  return v;
+  return reduce::block_to_warp0<kWarps>(v, scratch, 0u, reduce::Sum{});
 }
 
-__device__ __forceinline__ MaxSum warp_max_sum(MaxSum v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const MaxSum other{__shfl_xor_sync(kFullMask, v.m, offset),
-                       __shfl_xor_sync(kFullMask, v.s, offset)};
-    v = logit::max_sum_merge(v, other);
+struct MaxSumMerge {
+  __device__ __forceinline__ MaxSum operator()(MaxSum mine, MaxSum other) const {
+    return logit::max_sum_merge(mine, other);
   }
-  return v;
-}
+};
 
 // A fixed shuffle tree: the same inputs always give the same bits.
 __device__ __forceinline__ MaxSum block_max_sum(MaxSum v, MaxSum* scratch) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  v = warp_max_sum(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = warp_max_sum(lane < kWarps ? scratch[lane] : logit::max_sum_empty());
-  }
-  return v;
+  return reduce::block_to_warp0<kWarps>(v, scratch, logit::max_sum_empty(), MaxSumMerge{});
 }
 
 struct BlockScratch {

@@ -121,7 +121,7 @@ __device__ __forceinline__ void rejection_body(const Rows& rows, const int64_t* 
                                                longlong2* totals, unsigned int* counters, int64_t ws_stride, int G,
                                                int V, int64_t chunk) {
   using Prob = typename Rows::Prob;
-  __shared__ long long sum_scratch[kWarps][2];
+  __shared__ reduce::I64Pair sum_scratch[kWarps];
   __shared__ long long scan_scratch[kWarps];
   __shared__ int s_first;
   __shared__ bool s_is_last;

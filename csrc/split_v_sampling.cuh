@@ -34,32 +34,18 @@ __device__ __forceinline__ int64_t clamp_token(long long token, int V) {
 // ---------------------------------------------------------------------------------------
 
 // Sums of a and b over the block, returned to every thread.
-__device__ __forceinline__ void block_sum2(long long& a, long long& b, long long (*scratch)[2]) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    a += __shfl_xor_sync(0xFFFFFFFFu, a, off);
-    b += __shfl_xor_sync(0xFFFFFFFFu, b, off);
-  }
-  if (lane == 0) {
-    scratch[warp][0] = a;
-    scratch[warp][1] = b;
-  }
-  __syncthreads();
-  a = 0;
-  b = 0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    a += scratch[w][0];
-    b += scratch[w][1];
-  }
+__device__ __forceinline__ void block_sum2(long long& a, long long& b, reduce::I64Pair* scratch) {
+  const reduce::I64Pair sum = reduce::block_all<kWarps>(reduce::I64Pair{a, b}, scratch, reduce::I64Pair{0, 0},
+                                                        reduce::Sum{});
+  a = sum.a;
+  b = sum.b;
   __syncthreads();
 }
 
 // Sums of the `splits` chunk totals of one row (.x residual, .y plain) to every thread; L2
 // reads: other blocks wrote them.
 __device__ __forceinline__ void block_sum_chunk_totals(const longlong2* chunk_totals, int splits, long long& total_r,
-                                                       long long& total_p, long long (*scratch)[2]) {
+                                                       long long& total_p, reduce::I64Pair* scratch) {
   total_r = 0;
   total_p = 0;
   for (int k = threadIdx.x; k < splits; k += kThreads) {
@@ -307,24 +293,11 @@ __device__ __forceinline__ void thread_softmax_partial(const T* row, int64_t sta
 // thread gets the result; bad -> m = NaN.
 __device__ __forceinline__ float2 block_softmax_stats(float m, float s, bool bad, float* scratch_m,
                                                       float* scratch_s) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   bad = __syncthreads_or(bad) != 0;
-  float mm = m;  // never NaN: NaN/+inf inputs only set `bad`
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xFFFFFFFFu, mm, off));
-  if (lane == 0) scratch_m[warp] = mm;
-  __syncthreads();
-  float M = -INFINITY;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, scratch_m[w]);
-  float c = m == -INFINITY ? 0.0f : s * logit::exp_diff(m, M);  // M >= m; a thread with no finite x adds 0
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) c += __shfl_xor_sync(0xFFFFFFFFu, c, off);
-  if (lane == 0) scratch_s[warp] = c;
-  __syncthreads();
-  float S = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) S += scratch_s[w];
+  // m is never NaN: NaN/+inf inputs only set `bad`
+  const float M = reduce::block_all<kWarps>(m, scratch_m, -INFINITY, reduce::MaxF32{});
+  const float c = m == -INFINITY ? 0.0f : s * logit::exp_diff(m, M);  // M >= m; a thread with no finite x adds 0
+  const float S = reduce::block_all<kWarps>(c, scratch_s, 0.0f, reduce::Sum{});
   __syncthreads();
   return make_float2(bad ? NAN : M, S);
 }
@@ -340,16 +313,14 @@ __device__ __forceinline__ float2 warp_merge_softmax(const float2* partials, int
     if (isnan(v.x)) bad = true; else M = fmaxf(M, v.x);
   }
   bad = __any_sync(0xFFFFFFFFu, bad);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xFFFFFFFFu, M, off));
+  M = reduce::warp_all(M, reduce::MaxF32{});
   float S = 0.0f;
   if (!bad && M > -INFINITY) {  // warp-uniform
     for (int k = lane; k < splits; k += 32) {
       const float2 v = __ldcg(&partials[k]);
       if (v.x > -INFINITY) S += v.y * logit::exp_diff(v.x, M);  // an all -inf chunk adds 0
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) S += __shfl_xor_sync(0xFFFFFFFFu, S, off);
+    S = reduce::warp_all(S, reduce::Sum{});
   }
   return (bad || M == -INFINITY) ? make_float2(NAN, NAN) : make_float2(M, S);
 }

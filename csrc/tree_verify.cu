@@ -258,7 +258,7 @@ __device__ __forceinline__ bool rows_aligned16(const RowView<T>& row, int64_t cu
 
 // This CTA's chunk c of the pass the walk state asks for: its sums, in thread 0.
 template <typename T, bool WR>
-__device__ Sums pass_chunk(const RowView<T>& row, const SplitParams& s, int64_t c, long long (*scratch)[2]) {
+__device__ Sums pass_chunk(const RowView<T>& row, const SplitParams& s, int64_t c, reduce::I64Pair* scratch) {
   constexpr int K = Vec16<T>::kElems;
   const int64_t cur = tree_walk::load_word(row.state + tree_walk::kCur);
   const int64_t count = tree_walk::load_word(row.state + tree_walk::kRank);
@@ -292,7 +292,7 @@ __device__ Sums pass_chunk(const RowView<T>& row, const SplitParams& s, int64_t 
 }
 
 // The row's chunk sums added over its `chunks` chunks, to every thread (L2 reads: other CTAs wrote them).
-__device__ __forceinline__ Sums block_row_sums(const int64_t* parts, int chunks, long long (*scratch)[2]) {
+__device__ __forceinline__ Sums block_row_sums(const int64_t* parts, int chunks, reduce::I64Pair* scratch) {
   long long r = 0, p = 0, q = 0, unused = 0;
   for (int k = threadIdx.x; k < chunks; k += kSplitThreads) {
     r += tree_walk::load_word(parts + k * tree_walk::kPartWords);
@@ -380,7 +380,7 @@ __device__ long long rescan_chunk(const RowView<T>& row, const Outcome& o, int64
 // writes the row's outputs. Returns the claim word that opens the next stage or marks the row done.
 template <typename T, bool WR>
 __device__ unsigned long long complete_stage(const RowView<T>& row, const SplitParams& s, uint64_t stage,
-                                             long long (*sum_scratch)[2], long long* scan_scratch, Outcome* s_outcome,
+                                             reduce::I64Pair* sum_scratch, long long* scan_scratch, Outcome* s_outcome,
                                              long long* s_chunk, long long* s_base, long long* s_found) {
   const Sums sums = stage > 0 ? block_row_sums(row.parts, s.chunks, sum_scratch) : Sums{0, 0, 0};
   const RowView<T> walk = walk_view(row, s);
@@ -413,7 +413,7 @@ __device__ unsigned long long complete_stage(const RowView<T>& row, const SplitP
 // leave zeroes the row's words.
 template <typename T, bool WR>
 __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) tree_rejection_split_kernel(SplitParams s) {
-  __shared__ long long sum_scratch[split_v::kWarps][2];
+  __shared__ reduce::I64Pair sum_scratch[split_v::kWarps];
   __shared__ long long scan_scratch[split_v::kWarps];
   __shared__ unsigned long long s_word;
   __shared__ Outcome s_outcome;
@@ -532,7 +532,7 @@ __device__ __forceinline__ long long dsmem_load(const void* local, unsigned rank
 template <typename T, bool WR>
 __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) tree_rejection_cluster_kernel(SplitParams s) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ long long sum_scratch[split_v::kWarps][2];
+  __shared__ reduce::I64Pair sum_scratch[split_v::kWarps];
   __shared__ long long scan_scratch[split_v::kWarps];
   __shared__ long long s_part[tree_walk::kPartWords];  // this CTA's slice sums of the last pass (read remotely)
   __shared__ long long s_decision[kDecisionWords];     // rank 0's decision (read remotely)
