@@ -22,6 +22,7 @@
 #include "block_verification_math.cuh"
 #include "chain_rows.cuh"
 #include "common.cuh"
+#include "dtype_dispatch.cuh"
 #include "launch_utils.h"
 #include "philox.cuh"
 #include "softmax_stats.h"
@@ -341,23 +342,11 @@ void launch_block_verify(const void* target_probs, int64_t target_stride_b, int6
   if (B == 0) return;  // nothing to do; an empty grid is a launch error
   if (plan.at("splits") > plan.at("ws_stride")) throw std::logic_error("block_verify: bad split plan");
   const Workspace ws = workspace_of(workspace, plan);
-  switch (dtype) {
-    case kFloat32:
-      launch_probs_typed<float>(target_probs, target_stride_b, target_stride_g, draft_probs, draft_stride_b,
-                                draft_stride_g, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, ws, G,
-                                V, plan, stream);
-      break;
-    case kFloat16:
-      launch_probs_typed<__half>(target_probs, target_stride_b, target_stride_g, draft_probs, draft_stride_b,
-                                 draft_stride_g, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, ws,
-                                 G, V, plan, stream);
-      break;
-    default:
-      launch_probs_typed<__nv_bfloat16>(target_probs, target_stride_b, target_stride_g, draft_probs,
-                                        draft_stride_b, draft_stride_g, draft_tokens, num_draft_tokens, rnd,
-                                        out_tokens, num_accepted, ws, G, V, plan, stream);
-      break;
-  }
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_probs_typed<T>(target_probs, target_stride_b, target_stride_g, draft_probs, draft_stride_b, draft_stride_g,
+                          draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, ws, G, V, plan, stream);
+  });
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -376,24 +365,12 @@ void launch_block_verify_logits(const void* target_logits, int64_t target_stride
   if (plan.at("splits") > plan.at("ws_stride") || plan.at("stats_splits") > plan.at("stats_stride")) {
     throw std::logic_error("block_verify_logits: bad split plan");
   }
-  switch (dtype) {
-    case kFloat32:
-      launch_logits_typed<float>(target_logits, target_stride_b, target_stride_g, draft_logits, draft_stride_b,
-                                 draft_stride_g, draft_tokens, num_draft_tokens, temperature, temperatures,
-                                 temperatures_stride, rnd, out_tokens, num_accepted, workspace, G, V, plan, stream);
-      break;
-    case kFloat16:
-      launch_logits_typed<__half>(target_logits, target_stride_b, target_stride_g, draft_logits, draft_stride_b,
-                                  draft_stride_g, draft_tokens, num_draft_tokens, temperature, temperatures,
-                                  temperatures_stride, rnd, out_tokens, num_accepted, workspace, G, V, plan, stream);
-      break;
-    default:
-      launch_logits_typed<__nv_bfloat16>(target_logits, target_stride_b, target_stride_g, draft_logits,
-                                         draft_stride_b, draft_stride_g, draft_tokens, num_draft_tokens, temperature,
-                                         temperatures, temperatures_stride, rnd, out_tokens, num_accepted, workspace,
-                                         G, V, plan, stream);
-      break;
-  }
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_logits_typed<T>(target_logits, target_stride_b, target_stride_g, draft_logits, draft_stride_b,
+                           draft_stride_g, draft_tokens, num_draft_tokens, temperature, temperatures,
+                           temperatures_stride, rnd, out_tokens, num_accepted, workspace, G, V, plan, stream);
+  });
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 

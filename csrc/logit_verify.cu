@@ -19,6 +19,7 @@
 
 #include "chain_common.cuh"
 #include "common.cuh"
+#include "dtype_dispatch.cuh"
 #include "launch_utils.h"
 #include "logit_math.cuh"
 #include "logit_verify.h"
@@ -393,24 +394,11 @@ void launch_chain(const char* op, const void* logits, int64_t stride_b, int64_t 
   check_arg(workspace_bytes >= layout.bytes, op,
             "workspace too small: query logit_verify_workspace_bytes on the same device");
   char* ws = static_cast<char*>(workspace);
-  switch (dtype) {
-    case kFloat32:
-      launch_chain_typed<kMode, float>(logits, stride_b, stride_g, draft_tokens,
-                                       num_draft_tokens, out_tokens, num_accepted, ws, layout, B,
-                                       G, V, top_beta, tau, threshold, stream);
-      break;
-    case kFloat16:
-      launch_chain_typed<kMode, __half>(logits, stride_b, stride_g, draft_tokens,
-                                        num_draft_tokens, out_tokens, num_accepted, ws, layout,
-                                        B, G, V, top_beta, tau, threshold, stream);
-      break;
-    default:
-      launch_chain_typed<kMode, __nv_bfloat16>(logits, stride_b, stride_g, draft_tokens,
-                                               num_draft_tokens, out_tokens, num_accepted, ws,
-                                               layout, B, G, V, top_beta, tau, threshold,
-                                               stream);
-      break;
-  }
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_chain_typed<kMode, T>(logits, stride_b, stride_g, draft_tokens, num_draft_tokens, out_tokens, num_accepted,
+                                 ws, layout, B, G, V, top_beta, tau, threshold, stream);
+  });
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -520,17 +508,10 @@ void launch_max_prob(const void* logits, int64_t row_stride, float* out, void* w
               "workspace too small: query max_prob_workspace_bytes on the same device");
   }
   char* ws = static_cast<char*>(workspace);
-  switch (dtype) {
-    case kFloat32:
-      launch_max_prob_typed<float>(logits, row_stride, out, ws, p, R, V, stream);
-      break;
-    case kFloat16:
-      launch_max_prob_typed<__half>(logits, row_stride, out, ws, p, R, V, stream);
-      break;
-    default:
-      launch_max_prob_typed<__nv_bfloat16>(logits, row_stride, out, ws, p, R, V, stream);
-      break;
-  }
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_max_prob_typed<T>(logits, row_stride, out, ws, p, R, V, stream);
+  });
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 

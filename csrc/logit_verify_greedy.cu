@@ -12,6 +12,7 @@
 
 #include "chain_common.cuh"
 #include "common.cuh"
+#include "dtype_dispatch.cuh"
 #include "launch_utils.h"
 #include "ops.h"
 
@@ -141,20 +142,11 @@ void launch_greedy_verify(const void* logits, int64_t stride_b, int64_t stride_g
 
   auto* keys = static_cast<unsigned long long*>(workspace);
   auto* counters = reinterpret_cast<unsigned int*>(keys + B * (G + 1));
-  switch (dtype) {
-    case kFloat32:
-      launch_typed<float>(logits, stride_b, stride_g, draft_tokens, num_draft_tokens, out_tokens,
-                          num_accepted, keys, counters, G, V, plan, stream);
-      break;
-    case kFloat16:
-      launch_typed<__half>(logits, stride_b, stride_g, draft_tokens, num_draft_tokens,
-                           out_tokens, num_accepted, keys, counters, G, V, plan, stream);
-      break;
-    default:
-      launch_typed<__nv_bfloat16>(logits, stride_b, stride_g, draft_tokens, num_draft_tokens,
-                                  out_tokens, num_accepted, keys, counters, G, V, plan, stream);
-      break;
-  }
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_typed<T>(logits, stride_b, stride_g, draft_tokens, num_draft_tokens, out_tokens, num_accepted, keys,
+                    counters, G, V, plan, stream);
+  });
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -20,6 +20,7 @@
 
 #include "chain_rows.cuh"
 #include "common.cuh"
+#include "dtype_dispatch.cuh"
 #include "launch_utils.h"
 #include "philox.cuh"
 #include "rejection_sampling.h"
@@ -331,24 +332,12 @@ void launch_rejection_sample(const void* target_probs, int64_t target_stride_b, 
   if (plan.at("splits") > ws_stride) throw std::logic_error("rejection_sample: bad split plan");
   const Randomness rnd{uniforms, uniforms_float64, seed, seeds, offsets};
 
-  switch (dtype) {
-    case kFloat32:
-      launch_probs_typed<float>(target_probs, target_stride_b, target_stride_g, draft_probs, draft_stride_b,
-                                draft_stride_g, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted,
-                                totals, counters, ws_stride, G, V, plan, stream);
-      break;
-    case kFloat16:
-      launch_probs_typed<__half>(target_probs, target_stride_b, target_stride_g, draft_probs, draft_stride_b,
-                                 draft_stride_g, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted,
-                                 totals, counters, ws_stride, G, V, plan, stream);
-      break;
-    default:
-      launch_probs_typed<__nv_bfloat16>(target_probs, target_stride_b, target_stride_g, draft_probs,
-                                        draft_stride_b, draft_stride_g, draft_tokens, num_draft_tokens, rnd,
-                                        out_tokens, num_accepted, totals, counters, ws_stride, G, V, plan,
-                                        stream);
-      break;
-  }
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_probs_typed<T>(target_probs, target_stride_b, target_stride_g, draft_probs, draft_stride_b, draft_stride_g,
+                          draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, totals, counters, ws_stride, G,
+                          V, plan, stream);
+  });
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -379,24 +368,12 @@ void launch_rejection_sample_logits(const void* target_logits, int64_t target_st
     throw std::logic_error("rejection_sample_logits: bad split plan");
   }
   const Randomness rnd{uniforms, uniforms_float64, seed, seeds, offsets};
-  switch (dtype) {
-    case kFloat32:
-      launch_logits_typed<float>(target_logits, target_stride_b, target_stride_g, draft_logits, draft_stride_b,
-                                 draft_stride_g, draft_tokens, num_draft_tokens, temperature, temperatures, rnd,
-                                 out_tokens, num_accepted, workspace, G, V, plan, stream);
-      break;
-    case kFloat16:
-      launch_logits_typed<__half>(target_logits, target_stride_b, target_stride_g, draft_logits, draft_stride_b,
-                                  draft_stride_g, draft_tokens, num_draft_tokens, temperature, temperatures, rnd,
-                                  out_tokens, num_accepted, workspace, G, V, plan, stream);
-      break;
-    default:
-      launch_logits_typed<__nv_bfloat16>(target_logits, target_stride_b, target_stride_g, draft_logits,
-                                         draft_stride_b, draft_stride_g, draft_tokens, num_draft_tokens,
-                                         temperature, temperatures, rnd, out_tokens, num_accepted, workspace, G, V,
-                                         plan, stream);
-      break;
-  }
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_logits_typed<T>(target_logits, target_stride_b, target_stride_g, draft_logits, draft_stride_b,
+                           draft_stride_g, draft_tokens, num_draft_tokens, temperature, temperatures, rnd, out_tokens,
+                           num_accepted, workspace, G, V, plan, stream);
+  });
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 

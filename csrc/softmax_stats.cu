@@ -8,6 +8,7 @@
 #include "softmax_stats.h"
 
 #include "common.cuh"
+#include "dtype_dispatch.cuh"
 #include "launch_utils.h"
 #include "split_v_sampling.cuh"
 
@@ -95,20 +96,11 @@ void launch_softmax_stats(const void* target, int64_t t_sb, int64_t t_sg, const 
                           int64_t q_sg, RowCounts counts, float temperature, const float* temperatures,
                           int64_t temp_stride, const SoftmaxStatsBuffers& buffers, int64_t G, int64_t V,
                           int64_t chunk, int dtype, const plans::Launch& launch, cudaStream_t stream) {
-  switch (dtype) {
-    case kFloat32:
-      launch_typed<float>(target, t_sb, t_sg, draft, q_sb, q_sg, counts, temperature, temperatures, temp_stride,
-                          buffers, G, V, chunk, launch, stream);
-      break;
-    case kFloat16:
-      launch_typed<__half>(target, t_sb, t_sg, draft, q_sb, q_sg, counts, temperature, temperatures, temp_stride,
-                           buffers, G, V, chunk, launch, stream);
-      break;
-    default:
-      launch_typed<__nv_bfloat16>(target, t_sb, t_sg, draft, q_sb, q_sg, counts, temperature, temperatures,
-                                  temp_stride, buffers, G, V, chunk, launch, stream);
-      break;
-  }
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_typed<T>(target, t_sb, t_sg, draft, q_sb, q_sg, counts, temperature, temperatures, temp_stride, buffers, G,
+                    V, chunk, launch, stream);
+  });
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 

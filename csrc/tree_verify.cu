@@ -23,6 +23,7 @@
 
 #include "chain_common.cuh"
 #include "common.cuh"
+#include "dtype_dispatch.cuh"
 #include "launch_utils.h"
 #include "philox.cuh"
 #include "split_v_sampling.cuh"
@@ -777,23 +778,11 @@ void launch_tree_greedy_verify(const void* logits, int64_t stride_b, int64_t str
 
   auto* keys = static_cast<unsigned long long*>(workspace);
   auto* counters = reinterpret_cast<unsigned int*>(keys + B * N);
-  switch (dtype) {
-    case kFloat32:
-      launch_greedy_typed<float>(logits, stride_b, stride_n, tree_tokens, parents, out_tokens,
-                                 num_accepted, accepted_nodes, keys, counters, N, V, max_depth, plan,
-                                 stream);
-      break;
-    case kFloat16:
-      launch_greedy_typed<__half>(logits, stride_b, stride_n, tree_tokens, parents, out_tokens,
-                                  num_accepted, accepted_nodes, keys, counters, N, V, max_depth, plan,
-                                  stream);
-      break;
-    default:
-      launch_greedy_typed<__nv_bfloat16>(logits, stride_b, stride_n, tree_tokens, parents,
-                                         out_tokens, num_accepted, accepted_nodes, keys, counters,
-                                         N, V, max_depth, plan, stream);
-      break;
-  }
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_greedy_typed<T>(logits, stride_b, stride_n, tree_tokens, parents, out_tokens, num_accepted, accepted_nodes,
+                           keys, counters, N, V, max_depth, plan, stream);
+  });
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -860,17 +849,10 @@ void launch_tree_rejection_sample(const void* target_probs, int64_t target_strid
   params.chunk = plan.at("chunk");
   params.scratch_stride = plan.at("scratch_stride");
   params.tree_in_smem = static_cast<int>(plan.at("tree_in_smem"));
-  switch (dtype) {
-    case kFloat32:
-      launch_rejection_typed<float>(params, plan, without_replacement, stream);
-      break;
-    case kFloat16:
-      launch_rejection_typed<__half>(params, plan, without_replacement, stream);
-      break;
-    default:
-      launch_rejection_typed<__nv_bfloat16>(params, plan, without_replacement, stream);
-      break;
-  }
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_rejection_typed<T>(params, plan, without_replacement, stream);
+  });
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }
 
