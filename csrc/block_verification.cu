@@ -150,11 +150,8 @@ __device__ __forceinline__ void block_verify_body(const Rows& rows, const BlockI
   const Prob prob_p = rows.target_prob(b, j);
   const Prob prob_q = has_q ? rows.draft_prob(b, j) : prob_p;
   const bool vec = aligned16(p_row) && (q_row == nullptr || aligned16(q_row));
-  const int64_t start = split * chunk;
-  const int64_t end = min(static_cast<int64_t>(V), start + chunk);
-  long long sum_r = 0, sum_p = 0;
-  thread_weight_sums(p_row, q_row, start, end, vec, prob_p, prob_q, ScaledResidual{p_j}, sum_r, sum_p);
-  block_sum2(sum_r, sum_p, sum_scratch);
+  long long sum_r, sum_p;
+  chunk_weight_sums(p_row, q_row, split, chunk, V, vec, prob_p, prob_q, ScaledResidual{p_j}, sum_scratch, sum_r, sum_p);
 
   // ---- 3. publish; elect the last block of row b ---------------------------------------
   longlong2* row_totals = ws.totals + b * R1 * ws.ws_stride;  // [G+1][ws_stride] of row b

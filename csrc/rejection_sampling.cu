@@ -149,11 +149,8 @@ __device__ __forceinline__ void rejection_body(const Rows& rows, const int64_t* 
   const bool vec = aligned16(p_row) && (q_row == nullptr || aligned16(q_row));
 
   // ---- 2. this chunk's weight totals ---------------------------------------------------
-  const int64_t start = split * chunk;
-  const int64_t end = min(static_cast<int64_t>(V), start + chunk);
-  long long sum_r = 0, sum_p = 0;
-  thread_weight_sums(p_row, q_row, start, end, vec, prob_p, prob_q, Difference{}, sum_r, sum_p);
-  block_sum2(sum_r, sum_p, sum_scratch);
+  long long sum_r, sum_p;
+  chunk_weight_sums(p_row, q_row, split, chunk, V, vec, prob_p, prob_q, Difference{}, sum_scratch, sum_r, sum_p);
 
   // ---- 3. publish them; elect the last block of row b ---------------------------------
   longlong2* row_totals = totals + b * ws_stride;

@@ -180,6 +180,20 @@ __device__ __forceinline__ void thread_weight_sums(const T* p_row, const T* q_ro
   }
 }
 
+// The weight sums of V-chunk `split` of a row ([split * chunk, min(V, (split + 1) * chunk))), to every thread:
+// what each block of a split-V launch publishes for its row's draw.
+template <typename T, typename Prob, typename Resid>
+__device__ __forceinline__ void chunk_weight_sums(const T* p_row, const T* q_row, int64_t split, int64_t chunk, int V,
+                                                  bool vec, const Prob& prob_p, const Prob& prob_q, const Resid& resid,
+                                                  reduce::I64Pair* scratch, long long& sum_r, long long& sum_p) {
+  const int64_t start = split * chunk;
+  const int64_t end = min(static_cast<int64_t>(V), start + chunk);
+  sum_r = 0;
+  sum_p = 0;
+  thread_weight_sums(p_row, q_row, start, end, vec, prob_p, prob_q, resid, sum_r, sum_p);
+  block_sum2(sum_r, sum_p, scratch);
+}
+
 // Inverse-CDF search in [start, end): the first index whose cumulative weight carry +
 // sum(w[start..index]) exceeds `threshold`, w = the residual weights when q_row is not null,
 // else P's plain weights. Requires carry <= threshold. Returns that index to every thread, or
