@@ -79,6 +79,33 @@ __device__ __forceinline__ long long block_exclusive_scan(long long v, long long
   return before + x - v;
 }
 
+// One tile of an inverse-CDF block scan. w: this thread's K weights, at ids i, i + 1, ... (slots are dealt
+// tile-major, then by thread, then by element, so the scan walks ids in order). The one thread whose range
+// holds `threshold` (cumulative weights never decrease) writes the crossing id to *s_found. Returns carry plus
+// the tile's weight, the same in every thread. The caller loads w and loops over the tiles: a load taken as a
+// lambda made nvcc keep more of the bfloat16 tree-rejection kernels on the stack.
+template <int K>
+__device__ __forceinline__ long long scan_tile_crossing(const int64_t (&w)[K], int64_t i, long long threshold,
+                                                        long long carry, long long* scan_scratch,
+                                                        long long* s_found) {
+  long long local = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k) local += w[k];
+  long long tile_total;
+  long long cum = carry + block_exclusive_scan(local, scan_scratch, tile_total);
+  if (cum <= threshold && threshold < cum + local) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      cum += w[k];
+      if (cum > threshold) {
+        *s_found = i + k;
+        break;
+      }
+    }
+  }
+  return carry + tile_total;
+}
+
 // ---------------------------------------------------------------------------------------
 // Probability transforms: what a loaded element x means as a probability
 // ---------------------------------------------------------------------------------------
@@ -212,23 +239,7 @@ __device__ __forceinline__ int64_t block_find_crossing(const T* p_row, const T* 
     const int64_t i = start + (tile + threadIdx.x) * K;     // >= end for idle threads: weights 0
     int64_t w[K];
     load_search_weights(p_row, q_row, i, end, vec, prob_p, prob_q, resid, w);
-    long long local = 0;
-#pragma unroll
-    for (int k = 0; k < K; ++k) local += w[k];
-    long long tile_total;
-    long long cum = carry + block_exclusive_scan(local, scan_scratch, tile_total);
-    // Cumulative weights never decrease, so exactly one thread owns the crossing (if any).
-    if (cum <= threshold && threshold < cum + local) {
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        cum += w[k];
-        if (cum > threshold) {
-          *s_found = i + k;
-          break;
-        }
-      }
-    }
-    carry += tile_total;  // identical in every thread
+    carry = scan_tile_crossing(w, i, threshold, carry, scan_scratch, s_found);
     if (carry > threshold) break;
   }
   __syncthreads();

@@ -352,22 +352,7 @@ __device__ long long rescan_chunk(const RowView<T>& row, const Outcome& o, int64
     int64_t w[K];
     tree_walk::slot_draw_weights<WR, K>(p, SlotQ<T, WR>{q_base, row.q_sn, i, end, vec}, row.table, row.tree.N,
                                         o.plain, o.count, i, w);
-    long long local = 0;
-#pragma unroll
-    for (int k = 0; k < K; ++k) local += w[k];
-    long long tile_total;
-    long long cum = carry + split_v::block_exclusive_scan(local, scan_scratch, tile_total);
-    if (cum <= threshold && threshold < cum + local) {  // cumulative weights never decrease: one owner
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        cum += w[k];
-        if (cum > threshold) {
-          *s_found = i + k;
-          break;
-        }
-      }
-    }
-    carry += tile_total;  // identical in every thread
+    carry = split_v::scan_tile_crossing(w, i, threshold, carry, scan_scratch, s_found);
     if (carry > threshold) break;
   }
   __syncthreads();
