@@ -1,46 +1,45 @@
-"""The tree_verify family's cases (tree_greedy_verify, tree_rejection_sample): one table per op.
+"""The tree_verify family's cases (tree_greedy_verify, tree_rejection_sample), built from tree_builders.py.
 
-A table row names a builder (tree_builders.py) and the axes it is expanded over, outermost first;
-a Group shares its axes with its rows. The profiles' sizes live in TIERS only: "tiny" (the CPU
-interpreter tests and the selftest's dev mode) holds the smallest shape and the crafted cases, with
-some cases run through the Triton launcher with small tiles (`tiles`); "quick" and "full" add the
-shapes x dtypes at production vocabularies and the GPU-size cases. The order of an op's rows is its
-cases' order (the GPU quick tier spreads a sample over it)."""
+"tiny" (the CPU interpreter tests and the selftest's dev mode) holds the smallest shape and the crafted
+cases, some run through the Triton launcher with small tiles (a `tiles` setting); "quick" and "full" add
+the shapes x dtypes at production vocabularies and the GPU-size cases. An op's rows are in its cases'
+order (the GPU quick tier spreads a sample over it)."""
 
-from dataclasses import dataclass
 from functools import partial
-from itertools import chain
-from typing import Callable
 
 import torch
 
 from . import tree_builders as b
 from .compare import exact, expect, with_checks
-from .model import DTYPES, Case
+from .model import DTYPES, Row, cases
 from .tree_inputs import MODES
 from .tree_rows import FIRST_LEVEL, edge_rows_answer, exact_residual_row, greedy_edge_answer
 
 OUTPUTS = ("output_tokens", "num_accepted", "accepted_nodes")
+F32 = torch.float32
 SMALL_SHAPES = ((1, 8, 1000), (4, 16, 32000))
 # Past "tiny" every case runs the op itself: no Triton launcher tiles, no kernel split by hand.
-THE_OP_ONLY = dict(tiles=False, splits=(None,), tile_splits=(None,), edge_tile_splits=(), block_vs=(None,),
-                   star_block_vs=(None,))
+THE_OP_ONLY = dict(tiles=False, gpu_rows=True, splits=(None,), tile_splits=(None,), edge_tile_splits=(),
+                   block_vs=(None,), star_block_vs=(None,))
 # The profiles' sizes, set here only. shapes (B, N, V) x shape_dtypes: the generic cases; tiles: crafted cases
 # run the Triton launcher with their small tiles; splits, tile_splits, edge_tile_splits: the greedy kernels by
 # hand (split True / False; None: the op); block_vs, star_block_vs: the rejection launcher's BLOCK_V (None: the
-# op's); gpu_batches, gpu_vocabs, sampled_shapes: the GPU-size cases (quick and full only).
+# op's); gpu_rows, gpu_batches, gpu_vocabs, sampled_shapes, repeats: the GPU-size cases (quick and full only).
 TIERS = {
     # at "tiny" the generic shape is the graph case only (bfloat16): the crafted cases cover every dtype and
     # randomness mode there, and the interpreter is slow
-    "tiny": dict(shapes=((2, 7, 40),), shape_dtypes=(torch.bfloat16,), tiles=True, splits=(None, True, False),
-                 tile_splits=(True, False), edge_tile_splits=(True, False), block_vs=(16, None),
-                 star_block_vs=(16,)),
+    "tiny": dict(shapes=((2, 7, 40),), shape_dtypes=(torch.bfloat16,), tiles=True, gpu_rows=False,
+                 splits=(None, True, False), tile_splits=(True, False), edge_tile_splits=(True, False),
+                 block_vs=(16, None), star_block_vs=(16,)),
     "quick": dict(THE_OP_ONLY, shapes=SMALL_SHAPES, shape_dtypes=DTYPES, gpu_batches=(4,), gpu_vocabs=(32000,),
                   sampled_shapes=((4, 12, 32000),), repeats=(20,)),
     "full": dict(THE_OP_ONLY, shapes=SMALL_SHAPES + ((8, 64, 151936), (64, 16, 151936), (256, 8, 32000)),
                  shape_dtypes=DTYPES, gpu_batches=(1, 4, 16), gpu_vocabs=(32000, 128256),
                  sampled_shapes=((1, 7, 1000), (4, 12, 32000), (16, 32, 128256)), repeats=(50,)),
 }
+RAGGED_VOCABS = (1, 37, 300)
+GPU_NODES = (1, 2, 9, 32)
+STAR_MODES = ("high uniforms64", "seed", "int32 offsets")
 
 
 # ---------------------------------------------------------------------------- running and judging
@@ -58,31 +57,27 @@ def _call(op, x, backend, launcher):
 
 
 def _call_once(op, x, backend, launcher):
+    """On Triton with the case's tiles: the family's launcher (unless the registered backend was replaced,
+    a mutation test); unvalidated ids (>= V, < -1): the backend's implementation, past the op's checks."""
     from .. import ops, reference
     from ..common.registry import implementation
 
     x = dict(x)
-    overrides = x.pop("triton_overrides", None)
+    tiles = x.pop("triton_overrides", None)
     unvalidated = x.pop("unvalidated", False)
-    if overrides is not None and backend == "triton":
+    if (tiles is not None and backend == "triton") or unvalidated:
+        x["max_depth"] = reference.max_tree_depth(x["parents"]) if x.get("max_depth") is None else x["max_depth"]
+    if tiles is not None and backend == "triton":
         from ..triton import tree_verify as triton_module
 
-        if implementation(op, "triton") is not getattr(triton_module, op):
-            overrides = None  # the registered backend was replaced (a mutation test): judge the registered one
-    if (overrides is not None and backend == "triton") or unvalidated:
-        if x.get("max_depth") is None:
-            x["max_depth"] = reference.max_tree_depth(x["parents"])
-        if overrides is not None and backend == "triton":
-            from ..triton import tree_verify as triton_module
-
-            return getattr(triton_module, launcher)(**x, **overrides)
+        if implementation(op, "triton") is getattr(triton_module, op):
+            return getattr(triton_module, launcher)(**x, **tiles)
+    if unvalidated:
         return implementation(op, backend)(**x)
     return getattr(ops, op)(**x, backend=backend)
 
 
 def run_rejection(x, backend):
-    """tree_rejection_sample (the Triton launcher with the case's tiles, or the implementation itself
-    for unvalidated ids)."""
     return _call("tree_rejection_sample", x, backend, "_launch_rejection")
 
 
@@ -100,6 +95,10 @@ def structure(got, x):
     return bool(((out >= 0) & (out < vocab))[emitted].all()) and bool((out[~emitted] == -1).all())
 
 
+def _accepts_node(got, x, node):
+    return int(got[2][0, FIRST_LEVEL]) == node
+
+
 STRUCTURE = expect("emitted tokens in [0, V) and -1 after them", structure)
 EDGE_ANSWER = expect("the crafted rows' known answers", edge_rows_answer)
 GREEDY_EDGE_ANSWER = expect("the crafted rows' known answers", greedy_edge_answer)
@@ -114,249 +113,179 @@ OUT_OF_RANGE_CHILDREN = expect("accepted [1, 0, 1], first nodes [3, -1, 1]",
                                and got[2][:, FIRST_LEVEL].tolist() == [3, -1, 1])
 
 
-def _accepts_node(got, x, node):
-    return int(got[2][0, FIRST_LEVEL]) == node
+def judged(*checks):
+    """Exact outputs, then the known answers `checks`."""
+    return with_checks(exact(OUTPUTS), *checks)
 
 
-def edge_answer_unless_cut(cut, **_):
-    return (EDGE_ANSWER,) if cut is None else ()
+def tiles(tier, **sizes):
+    """The Triton launcher's tiles at "tiny"; None (the op's own) elsewhere or where a size is None."""
+    return sizes if tier["tiles"] and None not in sizes.values() else None
 
 
-def greedy_edge_answer_unless_cut(cut, **_):
-    return (GREEDY_EDGE_ANSWER,) if cut is None else ()
+def small_tiles(tier, split):
+    """The greedy kernel `split` over 16-wide vocabulary tiles, one tile per program."""
+    return tiles(tier, split=split, block_v=16, tiles_per_program=1)
 
 
-def exact_residual_checks(coin, **_):
-    node = exact_residual_row(coin == "below both")[1]
-    return (expect(f"first level accepts node {node}", partial(_accepts_node, node=node)),)
+def label(name, value):
+    """An optional setting as the case names spell it: only when set."""
+    return "" if value is None else f" {name}={value}"
 
 
-# ---------------------------------------------------------------------------- axes that depend on other axes
-
-def every_other_mode_cuts(mode, **_):
-    """A depth cut at 1 on every other randomness mode."""
-    return (None, 1) if mode in ("uniforms32", "high uniforms32", "seed+offsets") else (None,)
+def shape_name(shape):
+    return "B={} N={} V={}".format(*shape)
 
 
-def edge_mode_cuts(mode, **_):
-    return (None, 0, 1) if mode in ("uniforms64", "seed+offsets") else (None,)
+def cuts(mode, cut_modes, more):
+    """(None, *more) on the randomness modes `cut_modes`, else None alone."""
+    return (None, *more) if mode in cut_modes else (None,)
 
 
-def greedy_gpu_cuts(n, **_):
-    return (None, 0, 1, 3, n + 4) if n == 9 else (None,)  # below and past the tree
+# ---------------------------------------------------------------------------- tree_greedy_verify
+
+def _greedy_rows(profile):
+    tier, checked = TIERS[profile], judged(STRUCTURE)
+    rows = [Row(shape_name(shape), dtype, b.shape_greedy, dict(shape=shape, dtype=dtype), judged(),
+                graph=shape == tier["shapes"][0] and dtype == torch.bfloat16)
+            for shape in tier["shapes"] for dtype in tier["shape_dtypes"]]
+    rows += [Row(f"random trees B=4 N=9 V={vocab} ragged max_depth={cut}{label('split', split)}", dtype,
+                 b.ragged_greedy, dict(vocab=vocab, dtype=dtype, cut=cut, tiles=tiles(tier, split=split)), checked)
+             for vocab in RAGGED_VOCABS for dtype in DTYPES for cut in (None, 0, 1) for split in tier["splits"]]
+    rows += [Row(f"16-wide tiles V={vocab} one tile per program{label('split', split)}", F32, b.small_tiles_greedy,
+                 dict(vocab=vocab, tiles=small_tiles(tier, split)), checked)
+             for vocab in (7, 300) for split in tier["tile_splits"]]
+    rows.append(Row("B=0", F32, b.empty_batch_greedy, {}, checked))
+    rows += [Row(f"N=1 (root only){label('max_depth', cut)}", F32, b.root_only_greedy, dict(cut=cut), checked)
+             for cut in (None, 2)]
+    rows.append(Row("max_depth=9 past BLOCK_N", F32, b.deep_cut_greedy, {}, checked))
+    for dtype in DTYPES:
+        rows += [Row(f"edge rows (ties, NaN, all -inf, all NaN, +inf, -1 tokens){label('max_depth', cut)}", dtype,
+                     b.edge_rows_greedy, dict(dtype=dtype, cut=cut),
+                     judged(STRUCTURE, *(() if cut is not None else (GREEDY_EDGE_ANSWER,))))
+                 for cut in (None, 1)]
+        # BLOCK_V = 16: ties, all -inf and NaN rows over two tiles
+        rows += [Row(f"edge rows over 16-wide tiles split={split}", dtype, b.edge_rows_greedy_tiles,
+                     dict(dtype=dtype, tiles=small_tiles(tier, split)), checked) for split in tier["edge_tile_splits"]]
+    rows += [Row(f"ids >= V and < -1{label('split', split)}", F32, b.out_of_range_greedy,
+                 dict(tiles=tiles(tier, split=split)), checked) for split in tier["splits"]]
+    rows += [Row("strided inputs", dtype, b.strided_greedy, dict(dtype=dtype), checked) for dtype in DTYPES]
+    return rows + (_gpu_greedy_rows(tier) if tier["gpu_rows"] else [])
 
 
-def sampling_gpu_cuts(n, **_):
-    return (None, 0, 2, n + 3) if n == 9 else (None,)
+def _gpu_greedy_rows(tier):
+    """Garbage and out-of-range ids, adversarial logits, unaligned inputs at GPU sizes."""
+    rows = []
+    for dtype in DTYPES:
+        rows += [Row(f"B={batch} N={n} V={vocab} garbage and out-of-range ids{label('max_depth', cut)}", dtype,
+                     b.garbage_greedy, dict(dtype=dtype, vocab=vocab, batch=batch, n=n, cut=cut), judged())
+                 for vocab in tier["gpu_vocabs"] for batch in tier["gpu_batches"] for n in GPU_NODES
+                 for cut in ((None, 0, 1, 3, n + 4) if n == 9 else (None,))]  # below and past the tree
+        rows += [Row(f"adversarial rows (ties across chunks, NaN, inf, -0) V={vocab}", dtype, b.adversarial_greedy,
+                     dict(dtype=dtype, vocab=vocab), judged()) for vocab in tier["gpu_vocabs"]]
+    return rows + [Row("non-contiguous unaligned logits V=32001", torch.float16, b.unaligned_greedy, {}, judged()),
+                   Row("out-of-range children never match", F32, b.out_of_range_children, {},
+                       judged(OUT_OF_RANGE_CHILDREN))]
 
 
-def production_cuts(shape, **_):
-    return (None, 1, shape[1] + 3)
+# ---------------------------------------------------------------------------- tree_rejection_sample
+
+def _sampling_shape_rows(tier):
+    rows = []
+    for shape in tier["shapes"]:
+        for dtype in tier["shape_dtypes"]:
+            graph, settings = shape == tier["shapes"][0] and dtype == torch.bfloat16, dict(shape=shape, dtype=dtype)
+            rows += [Row(f"{shape_name(shape)} uniforms", dtype, b.shape_uniforms, settings, judged(), graph=graph),
+                     Row(f"{shape_name(shape)} sampled siblings", dtype, b.shape_sampled_siblings, settings, judged(),
+                         graph=graph)]
+            if dtype == F32:
+                rows += [Row(f"{shape_name(shape)} per-row seeds", dtype, b.shape_row_seeds, settings, judged()),
+                         Row(f"{shape_name(shape)} sampled siblings, per-row seeds", dtype, b.shape_sampled_row_seeds,
+                             settings, judged())]
+    return rows
 
 
-def first_shape_bfloat16(shape, dtype, tier, **_):
-    """The CUDA-graph cases: the profile's first shape, in bfloat16."""
-    return shape == tier["shapes"][0] and dtype == torch.bfloat16
+def _sampling_rows(profile):
+    tier, checked = TIERS[profile], judged(STRUCTURE)
+    rows = _sampling_shape_rows(tier)
+    every_other = ("uniforms32", "high uniforms32", "seed+offsets")  # a depth cut at 1 on every other mode
+    rows += [Row(f"random trees B=4 N=9 V={vocab} ragged {mode}{label('max_depth', cut)}", dtype, b.ragged_sampling,
+                 dict(vocab=vocab, dtype=dtype, mode=mode, cut=cut), checked)
+             for vocab in RAGGED_VOCABS for dtype in DTYPES for mode in MODES for cut in cuts(mode, every_other, (1,))]
+    # BLOCK_V = 16 over V in {7, 300}: the residual passes and the int64 cdf cross tiles
+    rows += [Row(f"16-wide tiles V={vocab} {mode}", F32, b.small_tiles_sampling,
+                 dict(vocab=vocab, mode=mode, tiles=tiles(tier, block_v=16)), checked)
+             for vocab in (7, 300) for mode in MODES[1:]]
+    rows += [Row(f"star of 7 siblings far from p {mode}", F32, b.star_far_from_p, dict(mode=mode), checked)
+             for mode in MODES]
+    for coin in ("between", "below both"):
+        node = exact_residual_row(coin == "below both")[1]
+        rows.append(Row(f"exact residual, coin {coin} float32(R) and R", F32, b.exact_residual, dict(coin=coin),
+                        judged(STRUCTURE, expect(f"first level accepts node {node}",
+                                                 partial(_accepts_node, node=node)))))
+    rows.append(Row("B=0", F32, b.empty_batch_sampling, {}, checked))
+    rows += [Row(f"N=1 (root only) {mode}{label('max_depth', cut)}", torch.bfloat16, b.root_only_sampling,
+                 dict(cut=cut, mode=mode), judged(STRUCTURE, ROOT_ONLY)) for cut in (None, 2) for mode in MODES]
+    rows += [Row(f"max_depth=9 past BLOCK_N {mode}", F32, b.deep_cut_sampling, dict(mode=mode),
+                 judged(STRUCTURE, PAST_BLOCK_N)) for mode in MODES[1:3]]
+    rows += [Row(f"edge rows (zero/NaN/inf/negative/one-hot/duplicate) {mode}{label('max_depth', cut)}", dtype,
+                 b.edge_rows_sampling, dict(dtype=dtype, mode=mode, cut=cut),
+                 judged(STRUCTURE, *(() if cut is not None else (EDGE_ANSWER,))))
+             for dtype in DTYPES for mode in b.EDGE_MODES for cut in cuts(mode, ("uniforms64", "seed+offsets"), (0, 1))]
+    rows += [Row(f"ids >= V and < -1 {mode}", F32, b.out_of_range_sampling, dict(mode=mode), checked)
+             for mode in MODES[1:]]
+    rows += [Row(f"strided inputs {mode}", dtype, b.strided_sampling, dict(dtype=dtype, mode=mode), checked)
+             for dtype in DTYPES for mode in ("uniforms", "strided seeds and offsets")]
+    rows += [Row(f"9 + 4 siblings, 7 + 4 rejected {mode}{label('block_v', block_v)}", F32, b.many_rejected,
+                 dict(mode=mode, tiles=tiles(tier, block_v=block_v)), judged(STRUCTURE, MANY_REJECTED))
+             for mode in b.EDGE_MODES[:5] for block_v in tier["block_vs"]]
+    return rows + _sampled_sibling_rows(tier, checked, every_other) + (_gpu_sampling_rows(tier) if tier["gpu_rows"]
+                                                                        else [])
 
 
-def is_float32(dtype, **_):
-    return dtype == torch.float32
+def _sampled_sibling_rows(tier, checked, every_other):
+    """siblings="without_replacement": children drawn without replacement from the parent's draft row."""
+    rows = [Row(f"sampled siblings B=4 N=9 V=37 ragged {mode}{label('max_depth', cut)}", dtype, b.sampled_ragged,
+                dict(dtype=dtype, mode=mode, cut=cut), checked)
+            for dtype in DTYPES for mode in b.HIGH_MODES for cut in cuts(mode, every_other, (1,))]
+    rows += [Row(f"sampled siblings: 7 and 3 and 2 far from p {mode}{label('block_v', block_v)}", F32, b.sampled_star,
+                 dict(mode=mode, tiles=tiles(tier, block_v=block_v)), checked)
+             for mode in STAR_MODES for block_v in tier["star_block_vs"]]
+    rows += [Row(f"sampled siblings: NaN/inf/zero/negative rows, repeats {mode}", F32, b.sampled_odd_rows,
+                 dict(mode=mode), checked) for mode in STAR_MODES[:2]]
+    return rows + [Row(f"sampled siblings: strided {str(index_dtype)[6:]} indices {mode}", torch.float16,
+                       b.sampled_strided, dict(index_dtype=index_dtype, mode=mode), checked)
+                   for index_dtype in (torch.int32, torch.int64)
+                   for mode in ("high uniforms64", "per-row seeds and offsets")]
 
 
-def first_gpu_vocab(vocab, tier, **_):
-    return vocab == tier["gpu_vocabs"][0]
+def _gpu_sampling_rows(tier):
+    """Garbage ids, adversarial probabilities, wide trees, sampled siblings, unaligned inputs at GPU sizes."""
+    rows = []
+    for dtype in DTYPES:
+        rows += [Row(f"B={batch} N={n} V={vocab} garbage ids {mode}{label('max_depth', cut)}", dtype,
+                     b.garbage_sampling, dict(dtype=dtype, vocab=vocab, batch=batch, n=n, mode=mode, cut=cut), judged())
+                 for vocab in tier["gpu_vocabs"] for batch in tier["gpu_batches"] for n in GPU_NODES for mode in MODES
+                 for cut in ((None, 0, 2, n + 3) if n == 9 else (None,))]
+        for vocab in tier["gpu_vocabs"]:
+            rows += [Row(f"adversarial rows (every fallback) V={vocab} {mode}", dtype, b.adversarial_sampling,
+                         dict(dtype=dtype, vocab=vocab, mode=mode), judged()) for mode in MODES]
+            rows += [Row(f"wide trees 10/8/5 siblings V=32000 {drafts} {mode}", dtype, b.wide_tree,
+                         dict(dtype=dtype, mode=mode, drafts=drafts), judged())
+                     for mode in MODES for drafts in b.WIDE_SIBLINGS if vocab == tier["gpu_vocabs"][0]]
+    # sampled siblings (children drawn without replacement) at production vocabularies
+    rows += [Row(f"sampled siblings {shape_name(shape)} {mode}{label('max_depth', cut)}", dtype, b.sampled_production,
+                 dict(dtype=dtype, shape=shape, mode=mode, cut=cut), judged())
+             for dtype in DTYPES for shape in tier["sampled_shapes"] for mode in MODES
+             for cut in (None, 1, shape[1] + 3)]
+    rows += [Row(f"non-contiguous unaligned inputs V=32000 {mode}", torch.float16, b.unaligned_sampling,
+                 dict(mode=mode), judged()) for mode in ("uniforms32", "per-row seeds")]
+    # back-to-back calls on long rejection chains: many stages a row, the words each call hands back zeroed
+    return rows + [Row(f"repeated calls x{repeat}: wide trees V=32000 {drafts}", torch.bfloat16, b.repeated_wide_tree,
+                       dict(drafts=drafts, repeat=repeat), judged())
+                   for drafts in b.WIDE_SIBLINGS for repeat in tier["repeats"]]
 
-
-def split_tiles(split, **_):
-    """Each greedy kernel by hand (split True / False); None: the op."""
-    return None if split is None else dict(split=split)
-
-
-def split_small_tiles(split, **_):
-    return None if split is None else dict(split=split, block_v=16, tiles_per_program=1)
-
-
-def block_v_16(**_):
-    return dict(block_v=16)
-
-
-def block_v_tiles(block_v, **_):
-    return None if block_v is None else dict(block_v=block_v)
-
-
-# ---------------------------------------------------------------------------- the tables
-
-@dataclass(frozen=True)
-class Row:
-    """The cases of one builder: one per combination of its axes (outermost first). Axis values: a
-    tuple, the name of a TIERS entry, or values(tier=, **outer axes). checks / graph / when: a value
-    or fn(tier=, **axes); tiles(tier=, **axes): at "tiny", the Triton launcher's tiles (None: the op)."""
-    name: str  # formatted with the axes and _labels(axes)
-    build: Callable  # build(seed, device, **axes)
-    axes: tuple = ()
-    checks: tuple | Callable = ()
-    tiles: Callable | None = None
-    graph: bool | Callable = False
-    when: Callable | None = None
-    dtype: torch.dtype = torch.float32  # the case's dtype unless "dtype" is an axis
-
-
-@dataclass(frozen=True)
-class Group:
-    """Rows sharing outer axes, known-answer checks, and the profiles they belong to."""
-    axes: tuple
-    rows: tuple
-    checks: tuple = ()
-    profiles: tuple = ("tiny", "quick", "full")
-
-
-GPU_SIZES = ("quick", "full")
-RAGGED_VOCABS = (1, 37, 300)
-GPU_NODES = (1, 2, 9, 32)
-STAR_MODES = ("high uniforms64", "seed", "int32 offsets")
-
-GREEDY = (
-    Row("{shape_name}", b.shape_greedy, (("shape", "shapes"), ("dtype", "shape_dtypes")), graph=first_shape_bfloat16),
-    Group((), checks=(STRUCTURE,), rows=(
-        Row("random trees B=4 N=9 V={vocab} ragged max_depth={cut}{split_label}", b.ragged_greedy,
-            (("vocab", RAGGED_VOCABS), ("dtype", DTYPES), ("cut", (None, 0, 1)), ("split", "splits")),
-            tiles=split_tiles),
-        Row("16-wide tiles V={vocab} one tile per program{split_label}", b.small_tiles_greedy,
-            (("vocab", (7, 300)), ("split", "tile_splits")), tiles=split_small_tiles),
-        Row("B=0", b.empty_batch_greedy),
-        Row("N=1 (root only){cut_label}", b.root_only_greedy, (("cut", (None, 2)),)),
-        Row("max_depth=9 past BLOCK_N", b.deep_cut_greedy),
-        Group((("dtype", DTYPES),), rows=(
-            Row("edge rows (ties, NaN, all -inf, all NaN, +inf, -1 tokens){cut_label}", b.edge_rows_greedy,
-                (("cut", (None, 1)),), checks=greedy_edge_answer_unless_cut),
-            # BLOCK_V = 16: ties, all -inf and NaN rows over two tiles
-            Row("edge rows over 16-wide tiles split={split}", b.edge_rows_greedy_tiles,
-                (("split", "edge_tile_splits"),), tiles=split_small_tiles))),
-        Row("ids >= V and < -1{split_label}", b.out_of_range_greedy, (("split", "splits"),), tiles=split_tiles),
-        Row("strided inputs", b.strided_greedy, (("dtype", DTYPES),)))),
-    Group((), profiles=GPU_SIZES, rows=(
-        Group((("dtype", DTYPES),), rows=(
-            Row("B={batch} N={n} V={vocab} garbage and out-of-range ids{cut_label}", b.garbage_greedy,
-                (("vocab", "gpu_vocabs"), ("batch", "gpu_batches"), ("n", GPU_NODES), ("cut", greedy_gpu_cuts))),
-            Row("adversarial rows (ties across chunks, NaN, inf, -0) V={vocab}", b.adversarial_greedy,
-                (("vocab", "gpu_vocabs"),)))),
-        Row("non-contiguous unaligned logits V=32001", b.unaligned_greedy, dtype=torch.float16),
-        Row("out-of-range children never match", b.out_of_range_children, checks=(OUT_OF_RANGE_CHILDREN,)))),
-)
-
-SAMPLING = (
-    Group((("shape", "shapes"), ("dtype", "shape_dtypes")), rows=(
-        Row("{shape_name} uniforms", b.shape_uniforms, graph=first_shape_bfloat16),
-        Row("{shape_name} sampled siblings", b.shape_sampled_siblings, graph=first_shape_bfloat16),
-        Row("{shape_name} per-row seeds", b.shape_row_seeds, when=is_float32),
-        Row("{shape_name} sampled siblings, per-row seeds", b.shape_sampled_row_seeds, when=is_float32))),
-    Group((), checks=(STRUCTURE,), rows=(
-        Row("random trees B=4 N=9 V={vocab} ragged {mode}{cut_label}", b.ragged_sampling,
-            (("vocab", RAGGED_VOCABS), ("dtype", DTYPES), ("mode", MODES), ("cut", every_other_mode_cuts))),
-        # BLOCK_V = 16 over V in {7, 300}: the residual passes and the int64 cdf cross tiles
-        Row("16-wide tiles V={vocab} {mode}", b.small_tiles_sampling, (("vocab", (7, 300)), ("mode", MODES[1:])),
-            tiles=block_v_16),
-        Row("star of 7 siblings far from p {mode}", b.star_far_from_p, (("mode", MODES),)),
-        Row("exact residual, coin {coin} float32(R) and R", b.exact_residual, (("coin", ("between", "below both")),),
-            checks=exact_residual_checks),
-        Row("B=0", b.empty_batch_sampling),
-        Row("N=1 (root only) {mode}{cut_label}", b.root_only_sampling, (("cut", (None, 2)), ("mode", MODES)),
-            checks=(ROOT_ONLY,), dtype=torch.bfloat16),
-        Row("max_depth=9 past BLOCK_N {mode}", b.deep_cut_sampling, (("mode", MODES[1:3]),), checks=(PAST_BLOCK_N,)),
-        Row("edge rows (zero/NaN/inf/negative/one-hot/duplicate) {mode}{cut_label}", b.edge_rows_sampling,
-            (("dtype", DTYPES), ("mode", b.EDGE_MODES), ("cut", edge_mode_cuts)), checks=edge_answer_unless_cut),
-        Row("ids >= V and < -1 {mode}", b.out_of_range_sampling, (("mode", MODES[1:]),)),
-        Row("strided inputs {mode}", b.strided_sampling,
-            (("dtype", DTYPES), ("mode", ("uniforms", "strided seeds and offsets")))),
-        Row("9 + 4 siblings, 7 + 4 rejected {mode}{block_v_label}", b.many_rejected,
-            (("mode", b.EDGE_MODES[:5]), ("block_v", "block_vs")), checks=(MANY_REJECTED,), tiles=block_v_tiles),
-        Row("sampled siblings B=4 N=9 V=37 ragged {mode}{cut_label}", b.sampled_ragged,
-            (("dtype", DTYPES), ("mode", b.HIGH_MODES), ("cut", every_other_mode_cuts))),
-        Row("sampled siblings: 7 and 3 and 2 far from p {mode}{block_v_label}", b.sampled_star,
-            (("mode", STAR_MODES), ("block_v", "star_block_vs")), tiles=block_v_tiles),
-        Row("sampled siblings: NaN/inf/zero/negative rows, repeats {mode}", b.sampled_odd_rows,
-            (("mode", STAR_MODES[:2]),)),
-        Row("sampled siblings: strided {index_dtype_name} indices {mode}", b.sampled_strided,
-            (("index_dtype", (torch.int32, torch.int64)), ("mode", ("high uniforms64", "per-row seeds and offsets"))),
-            dtype=torch.float16))),
-    Group((), profiles=GPU_SIZES, rows=(
-        Group((("dtype", DTYPES),), rows=(
-            Row("B={batch} N={n} V={vocab} garbage ids {mode}{cut_label}", b.garbage_sampling,
-                (("vocab", "gpu_vocabs"), ("batch", "gpu_batches"), ("n", GPU_NODES), ("mode", MODES),
-                 ("cut", sampling_gpu_cuts))),
-            Group((("vocab", "gpu_vocabs"),), rows=(
-                Row("adversarial rows (every fallback) V={vocab} {mode}", b.adversarial_sampling, (("mode", MODES),)),
-                Row("wide trees 10/8/5 siblings V=32000 {drafts} {mode}", b.wide_tree,
-                    (("mode", MODES), ("drafts", tuple(b.WIDE_SIBLINGS))), when=first_gpu_vocab))))),
-        # sampled siblings (children drawn without replacement) at production vocabularies
-        Row("sampled siblings {shape_name} {mode}{cut_label}", b.sampled_production,
-            (("dtype", DTYPES), ("shape", "sampled_shapes"), ("mode", MODES), ("cut", production_cuts))),
-        Row("non-contiguous unaligned inputs V=32000 {mode}", b.unaligned_sampling,
-            (("mode", ("uniforms32", "per-row seeds")),), dtype=torch.float16),
-        # back-to-back calls on long rejection chains: many stages a row, the words each call hands back zeroed
-        Row("repeated calls x{repeat}: wide trees V=32000 {drafts}", b.repeated_wide_tree,
-            (("drafts", tuple(b.WIDE_SIBLINGS)), ("repeat", "repeats")), dtype=torch.bfloat16))),
-)
-
-TABLES = (("tree_greedy_verify", run_greedy, GREEDY), ("tree_rejection_sample", run_rejection, SAMPLING))
-
-
-# ---------------------------------------------------------------------------- expanding the tables
 
 def tree_verify_cases(profile, device):
-    tier = TIERS[profile]
-    return list(chain.from_iterable(_expand(op, run, table, profile, tier, device, {}, ())
-                                    for op, run, table in TABLES))
-
-
-def _resolve(value, tier, axes):
-    return value(tier=tier, **axes) if callable(value) else value
-
-
-def _combinations(axes, outer, tier):
-    """Every assignment of `axes` (outermost first) on top of the `outer` axes."""
-    if not axes:
-        yield outer
-        return
-    (axis, values), rest = axes[0], axes[1:]
-    values = tier[values] if isinstance(values, str) else _resolve(values, tier, outer)
-    for value in values:
-        yield from _combinations(rest, {**outer, axis: value}, tier)
-
-
-def _expand(op, run, entries, profile, tier, device, outer, checks):
-    for entry in entries:
-        if isinstance(entry, Group) and profile not in entry.profiles:
-            continue
-        for axes in _combinations(entry.axes, outer, tier):
-            if isinstance(entry, Group):
-                yield from _expand(op, run, entry.rows, profile, tier, device, axes, checks + entry.checks)
-            elif entry.when is None or entry.when(tier=tier, **axes):
-                yield _case(op, run, entry, tier, device, axes, checks)
-
-
-def _case(op, run, row, tier, device, axes, checks):
-    build = partial(row.build, device=device, **axes)
-    tiles = _resolve(row.tiles, tier, axes) if tier["tiles"] and row.tiles is not None else None
-    if tiles is not None:
-        build = partial(_with_tiles, build, tiles)
-    compare = with_checks(exact(OUTPUTS), *checks, *_resolve(row.checks, tier, axes))
-    return Case(op, row.name.format(**_labels(axes)), axes.get("dtype", row.dtype), build, run, compare,
-                _resolve(row.graph, tier, axes))
-
-
-def _with_tiles(build, tiles, seed):
-    return dict(build(seed), triton_overrides=tiles)
-
-
-def _labels(axes):
-    """The axes as the case names spell them: optional settings only when set."""
-    cut, split, block_v = axes.get("cut"), axes.get("split"), axes.get("block_v")
-    labels = dict(axes, cut_label="" if cut is None else f" max_depth={cut}",
-                  split_label="" if split is None else f" split={split}",
-                  block_v_label="" if block_v is None else f" block_v={block_v}")
-    if "shape" in axes:
-        labels["shape_name"] = "B={} N={} V={}".format(*axes["shape"])
-    if "index_dtype" in axes:
-        labels["index_dtype_name"] = str(axes["index_dtype"]).replace("torch.", "")
-    return labels
+    return (cases("tree_greedy_verify", run_greedy, _greedy_rows(profile), device)
+            + cases("tree_rejection_sample", run_rejection, _sampling_rows(profile), device))

@@ -1,5 +1,5 @@
-"""The tree verification cases' builders: build(seed, device, **axes) -> the op's inputs, one named
-function per kind of case of the tables in cases_tree_verify.py (the axes are the table's).
+"""The tree verification cases' builders: build(seed, device, **settings) -> the op's inputs, one named
+function per kind of case of cases_tree_verify.py (the settings are its rows').
 
 Shape cases and GPU-size cases draw from the seed on the device. Crafted cases (@crafted) are fixed,
 built on the CPU and moved to the device: the seed does not matter; each reproduces a former test
@@ -27,10 +27,12 @@ def on_device(device, x):
 
 
 def crafted(make):
-    """A crafted case's builder: make(**axes) builds fixed CPU inputs; the seed does not matter."""
+    """A crafted case's builder: make(**settings) builds fixed CPU inputs; the seed does not matter. tiles:
+    the Triton launcher's tiles for the case (None: the op's own)."""
     @functools.wraps(make)
-    def build(seed, device, **axes):
-        return on_device(device, make(**axes))
+    def build(seed, device, tiles=None, **settings):
+        x = on_device(device, make(**settings))
+        return x if tiles is None else dict(x, triton_overrides=tiles)
     return build
 
 
@@ -118,7 +120,7 @@ def ragged_sampling(vocab, dtype, mode, cut):
 
 
 @crafted
-def ragged_greedy(vocab, dtype, cut, split):
+def ragged_greedy(vocab, dtype, cut):
     gen, x = _ragged_tree(vocab, dtype)
     randomness(4, 9, gen)  # the generator's state after drawing the modes, as before
     logits = torch.log(x["target_probs"].float() + 1e-3).to(x["target_probs"].dtype)
@@ -140,7 +142,7 @@ def small_tiles_sampling(vocab, mode):
 
 
 @crafted
-def small_tiles_greedy(vocab, split):
+def small_tiles_greedy(vocab):
     gen, x = _small_tree(vocab)
     randomness(3, 7, gen)
     logits = torch.randn(3, 7, x["target_probs"].shape[-1], generator=gen)
@@ -236,7 +238,7 @@ def edge_rows_greedy(dtype, cut):
 
 
 @crafted
-def edge_rows_greedy_tiles(dtype, split):
+def edge_rows_greedy_tiles(dtype):
     logits, tokens, parents = greedy_edge_rows()
     return dict(target_logits=logits.to(dtype), tree_tokens=tokens, parents=parents, max_depth=2)
 
@@ -257,7 +259,7 @@ def out_of_range_sampling(mode):
 
 
 @crafted
-def out_of_range_greedy(split):
+def out_of_range_greedy():
     gen, x = _out_of_range_tree()
     randomness(3, 6, gen)
     return dict(target_logits=torch.randn(3, 6, 20, generator=gen), tree_tokens=x["tree_tokens"],
@@ -292,7 +294,7 @@ def strided_greedy(dtype):
 
 
 @crafted
-def many_rejected(mode, block_v):
+def many_rejected(mode):
     """The residual recomputed after many rejected siblings at two levels (no [B, V] scratch)."""
     x, gen = many_rejected_siblings()
     batch, n = x["tree_tokens"].shape
@@ -315,7 +317,7 @@ def sampled_ragged(dtype, mode, cut):
 
 
 @crafted
-def sampled_star(mode, block_v):
+def sampled_star(mode):
     from ..decoding.draft_tree import sample_children
 
     gen = torch.Generator().manual_seed(2)
@@ -476,13 +478,12 @@ WIDE_SIBLINGS = {"shared-q and one-hot top-k drafts": "independent", "sampled si
 
 def repeated_wide_tree(seed, device, drafts, repeat):
     """wide_tree in bfloat16 with seeded coins, called `repeat` times back to back (cases_tree_verify._call)."""
-    return dict(wide_tree(seed, device, torch.bfloat16, 32000, "seed+offsets", drafts), repeat=repeat)
+    return dict(wide_tree(seed, device, torch.bfloat16, "seed+offsets", drafts), repeat=repeat)
 
 
-def wide_tree(seed, device, dtype, vocab, mode, drafts):
+def wide_tree(seed, device, dtype, mode, drafts):
     """Root with 10 children, node 1 with 8, the rest under node 2: long rejection chains with
-    i.i.d.-style drafts (shared q) and one-hot (top-k) drafts; NaN / inf / zero rows. V = 32000
-    whatever the table's vocab."""
+    i.i.d.-style drafts (shared q) and one-hot (top-k) drafts; NaN / inf / zero rows. V = 32000."""
     siblings = WIDE_SIBLINGS[drafts]
     gen = torch.Generator().manual_seed(11 + MODES.index(mode) + seed)
     batch, vocab = 8, 32000
