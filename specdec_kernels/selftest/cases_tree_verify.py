@@ -123,7 +123,7 @@ def tiles(tier, **sizes):
     return sizes if tier["tiles"] and None not in sizes.values() else None
 
 
-def small_tiles(tier, split):
+def split_tiles(tier, split):
     """The greedy kernel `split` over 16-wide vocabulary tiles, one tile per program."""
     return tiles(tier, split=split, block_v=16, tiles_per_program=1)
 
@@ -150,26 +150,27 @@ def _greedy_rows(profile):
                 graph=shape == tier["shapes"][0] and dtype == torch.bfloat16)
             for shape in tier["shapes"] for dtype in tier["shape_dtypes"]]
     rows += [Row(f"random trees B=4 N=9 V={vocab} ragged max_depth={cut}{label('split', split)}", dtype,
-                 b.ragged_greedy, dict(vocab=vocab, dtype=dtype, cut=cut, tiles=tiles(tier, split=split)), checked)
+                 b.ragged, dict(vocab=vocab, dtype=dtype, cut=cut, tiles=tiles(tier, split=split)), checked)
              for vocab in RAGGED_VOCABS for dtype in DTYPES for cut in (None, 0, 1) for split in tier["splits"]]
-    rows += [Row(f"16-wide tiles V={vocab} one tile per program{label('split', split)}", F32, b.small_tiles_greedy,
-                 dict(vocab=vocab, tiles=small_tiles(tier, split)), checked)
+    rows += [Row(f"16-wide tiles V={vocab} one tile per program{label('split', split)}", F32, b.small_tiles,
+                 dict(vocab=vocab, tiles=split_tiles(tier, split)), checked)
              for vocab in (7, 300) for split in tier["tile_splits"]]
-    rows.append(Row("B=0", F32, b.empty_batch_greedy, {}, checked))
-    rows += [Row(f"N=1 (root only){label('max_depth', cut)}", F32, b.root_only_greedy, dict(cut=cut), checked)
+    rows.append(Row("B=0", F32, b.empty_batch, dict(greedy=True), checked))
+    rows += [Row(f"N=1 (root only){label('max_depth', cut)}", F32, b.root_only, dict(cut=cut), checked)
              for cut in (None, 2)]
-    rows.append(Row("max_depth=9 past BLOCK_N", F32, b.deep_cut_greedy, {}, checked))
+    rows.append(Row("max_depth=9 past BLOCK_N", F32, b.deep_cut, {}, checked))
     for dtype in DTYPES:
         rows += [Row(f"edge rows (ties, NaN, all -inf, all NaN, +inf, -1 tokens){label('max_depth', cut)}", dtype,
                      b.edge_rows_greedy, dict(dtype=dtype, cut=cut),
                      judged(STRUCTURE, *(() if cut is not None else (GREEDY_EDGE_ANSWER,))))
                  for cut in (None, 1)]
         # BLOCK_V = 16: ties, all -inf and NaN rows over two tiles
-        rows += [Row(f"edge rows over 16-wide tiles split={split}", dtype, b.edge_rows_greedy_tiles,
-                     dict(dtype=dtype, tiles=small_tiles(tier, split)), checked) for split in tier["edge_tile_splits"]]
-    rows += [Row(f"ids >= V and < -1{label('split', split)}", F32, b.out_of_range_greedy,
+        rows += [Row(f"edge rows over 16-wide tiles split={split}", dtype, b.edge_rows_greedy,
+                     dict(dtype=dtype, cut=2, tiles=split_tiles(tier, split)), checked)
+                 for split in tier["edge_tile_splits"]]
+    rows += [Row(f"ids >= V and < -1{label('split', split)}", F32, b.out_of_range,
                  dict(tiles=tiles(tier, split=split)), checked) for split in tier["splits"]]
-    rows += [Row("strided inputs", dtype, b.strided_greedy, dict(dtype=dtype), checked) for dtype in DTYPES]
+    rows += [Row("strided inputs", dtype, b.strided, dict(dtype=dtype), checked) for dtype in DTYPES]
     return rows + (_gpu_greedy_rows(tier) if tier["gpu_rows"] else [])
 
 
@@ -209,11 +210,11 @@ def _sampling_rows(profile):
     tier, checked = TIERS[profile], judged(STRUCTURE)
     rows = _sampling_shape_rows(tier)
     every_other = ("uniforms32", "high uniforms32", "seed+offsets")  # a depth cut at 1 on every other mode
-    rows += [Row(f"random trees B=4 N=9 V={vocab} ragged {mode}{label('max_depth', cut)}", dtype, b.ragged_sampling,
+    rows += [Row(f"random trees B=4 N=9 V={vocab} ragged {mode}{label('max_depth', cut)}", dtype, b.ragged,
                  dict(vocab=vocab, dtype=dtype, mode=mode, cut=cut), checked)
              for vocab in RAGGED_VOCABS for dtype in DTYPES for mode in MODES for cut in cuts(mode, every_other, (1,))]
     # BLOCK_V = 16 over V in {7, 300}: the residual passes and the int64 cdf cross tiles
-    rows += [Row(f"16-wide tiles V={vocab} {mode}", F32, b.small_tiles_sampling,
+    rows += [Row(f"16-wide tiles V={vocab} {mode}", F32, b.small_tiles,
                  dict(vocab=vocab, mode=mode, tiles=tiles(tier, block_v=16)), checked)
              for vocab in (7, 300) for mode in MODES[1:]]
     rows += [Row(f"star of 7 siblings far from p {mode}", F32, b.star_far_from_p, dict(mode=mode), checked)
@@ -223,18 +224,18 @@ def _sampling_rows(profile):
         rows.append(Row(f"exact residual, coin {coin} float32(R) and R", F32, b.exact_residual, dict(coin=coin),
                         judged(STRUCTURE, expect(f"first level accepts node {node}",
                                                  partial(_accepts_node, node=node)))))
-    rows.append(Row("B=0", F32, b.empty_batch_sampling, {}, checked))
-    rows += [Row(f"N=1 (root only) {mode}{label('max_depth', cut)}", torch.bfloat16, b.root_only_sampling,
+    rows.append(Row("B=0", F32, b.empty_batch, dict(greedy=False), checked))
+    rows += [Row(f"N=1 (root only) {mode}{label('max_depth', cut)}", torch.bfloat16, b.root_only,
                  dict(cut=cut, mode=mode), judged(STRUCTURE, ROOT_ONLY)) for cut in (None, 2) for mode in MODES]
-    rows += [Row(f"max_depth=9 past BLOCK_N {mode}", F32, b.deep_cut_sampling, dict(mode=mode),
+    rows += [Row(f"max_depth=9 past BLOCK_N {mode}", F32, b.deep_cut, dict(mode=mode),
                  judged(STRUCTURE, PAST_BLOCK_N)) for mode in MODES[1:3]]
     rows += [Row(f"edge rows (zero/NaN/inf/negative/one-hot/duplicate) {mode}{label('max_depth', cut)}", dtype,
                  b.edge_rows_sampling, dict(dtype=dtype, mode=mode, cut=cut),
                  judged(STRUCTURE, *(() if cut is not None else (EDGE_ANSWER,))))
              for dtype in DTYPES for mode in b.EDGE_MODES for cut in cuts(mode, ("uniforms64", "seed+offsets"), (0, 1))]
-    rows += [Row(f"ids >= V and < -1 {mode}", F32, b.out_of_range_sampling, dict(mode=mode), checked)
+    rows += [Row(f"ids >= V and < -1 {mode}", F32, b.out_of_range, dict(mode=mode), checked)
              for mode in MODES[1:]]
-    rows += [Row(f"strided inputs {mode}", dtype, b.strided_sampling, dict(dtype=dtype, mode=mode), checked)
+    rows += [Row(f"strided inputs {mode}", dtype, b.strided, dict(dtype=dtype, mode=mode), checked)
              for dtype in DTYPES for mode in ("uniforms", "strided seeds and offsets")]
     rows += [Row(f"9 + 4 siblings, 7 + 4 rejected {mode}{label('block_v', block_v)}", F32, b.many_rejected,
                  dict(mode=mode, tiles=tiles(tier, block_v=block_v)), judged(STRUCTURE, MANY_REJECTED))

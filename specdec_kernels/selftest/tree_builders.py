@@ -102,52 +102,44 @@ def shape_sampled_row_seeds(seed, device, shape, dtype):
     return x
 
 
-# ---------------------------------------------------------------------------- crafted: random small trees
+# ---------------------------------------------------------------------------- crafted: small trees
+# mode: the randomness mode of tree_rejection_sample's inputs (MODES); None: tree_greedy_verify's inputs,
+# logits on the same tree (drawn after the modes' coins, so each op's inputs stay as they were).
 
-def _ragged_tree(vocab, dtype):
+def probs(target, draft, tokens, parents, **more):
+    """tree_rejection_sample's tree inputs."""
+    return dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents, **more)
+
+
+def logits_of(logits, tokens, parents, **more):
+    """tree_greedy_verify's tree inputs."""
+    return dict(target_logits=logits, tree_tokens=tokens, parents=parents, **more)
+
+
+@crafted
+def ragged(vocab, dtype, cut, mode=None):
     """Random trees: V in {1, 37, 300}, a ragged batch (every dtype, randomness mode, depth cut)."""
     gen = torch.Generator().manual_seed(vocab)
     target, draft, tokens, parents = make_tree(4, 9, vocab, dtype, gen)
     parents[1, 5:] = -1  # row 1: a smaller tree padded with unused slots
     tokens[1, 5:] = -1
-    return gen, dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents)
+    modes = randomness(4, 9, gen)
+    if mode is None:
+        logits = torch.log(target.float() + 1e-3).to(target.dtype)
+        return logits_of(logits, greedy_tokens(logits, tokens, parents, gen), parents, max_depth=cut)
+    return probs(target, draft, tokens, parents, max_depth=cut, **modes[MODES.index(mode)])
 
 
 @crafted
-def ragged_sampling(vocab, dtype, mode, cut):
-    gen, x = _ragged_tree(vocab, dtype)
-    return dict(x, max_depth=cut, **randomness(4, 9, gen)[MODES.index(mode)])
-
-
-@crafted
-def ragged_greedy(vocab, dtype, cut):
-    gen, x = _ragged_tree(vocab, dtype)
-    randomness(4, 9, gen)  # the generator's state after drawing the modes, as before
-    logits = torch.log(x["target_probs"].float() + 1e-3).to(x["target_probs"].dtype)
-    return dict(target_logits=logits, tree_tokens=greedy_tokens(logits, x["tree_tokens"], x["parents"], gen),
-                parents=x["parents"], max_depth=cut)
-
-
-def _small_tree(vocab):
+def small_tiles(vocab, mode=None):
     """For BLOCK_V = 16 over V in {7, 300}: the residual passes and the int64 cdf cross tiles."""
     gen = torch.Generator().manual_seed(vocab + 1)
     target, draft, tokens, parents = make_tree(3, 7, vocab, torch.float32, gen, zero_frac=0.6)
-    return gen, dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents)
-
-
-@crafted
-def small_tiles_sampling(vocab, mode):
-    gen, x = _small_tree(vocab)
-    return dict(x, **randomness(3, 7, gen)[MODES.index(mode)])
-
-
-@crafted
-def small_tiles_greedy(vocab):
-    gen, x = _small_tree(vocab)
-    randomness(3, 7, gen)
-    logits = torch.randn(3, 7, x["target_probs"].shape[-1], generator=gen)
-    return dict(target_logits=logits, tree_tokens=greedy_tokens(logits, x["tree_tokens"], x["parents"], gen),
-                parents=x["parents"], max_depth=3)
+    modes = randomness(3, 7, gen)
+    if mode is None:
+        logits = torch.randn(3, 7, vocab, generator=gen)
+        return logits_of(logits, greedy_tokens(logits, tokens, parents, gen), parents, max_depth=3)
+    return probs(target, draft, tokens, parents, **modes[MODES.index(mode)])
 
 
 @crafted
@@ -159,8 +151,7 @@ def star_far_from_p(mode):
     target, _, _, _ = make_tree(batch, n, vocab, torch.float32, gen, zero_frac=0.5, parents=parents)
     draft = torch.softmax(3 * torch.randn(batch, n, vocab, generator=gen), -1)
     tokens = torch.multinomial(draft.reshape(-1, vocab), 1, generator=gen).reshape(batch, n)
-    return dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents,
-                **randomness(batch, n, gen)[MODES.index(mode)])
+    return probs(target, draft, tokens, parents, **randomness(batch, n, gen)[MODES.index(mode)])
 
 
 @crafted
@@ -170,52 +161,33 @@ def exact_residual(coin):
 
 
 @crafted
-def empty_batch_sampling():
+def empty_batch(greedy):
     """B = 0."""
     empty = torch.zeros(0, 3, dtype=torch.int64)
-    return dict(target_probs=torch.rand(0, 3, 10), draft_probs=torch.rand(0, 3, 10), tree_tokens=empty,
-                parents=empty - 1, seed=1, max_depth=2)
+    if greedy:
+        return logits_of(torch.rand(0, 3, 10), empty, empty - 1, max_depth=2)
+    return probs(torch.rand(0, 3, 10), torch.rand(0, 3, 10), empty, empty - 1, seed=1, max_depth=2)
 
 
 @crafted
-def empty_batch_greedy():
-    empty = torch.zeros(0, 3, dtype=torch.int64)
-    return dict(target_logits=torch.rand(0, 3, 10), tree_tokens=empty, parents=empty - 1, max_depth=2)
-
-
-@crafted
-def root_only_sampling(cut, mode):
+def root_only(cut, mode=None):
     """The root alone: the bonus from p; max_depth beyond the tree pads with -1."""
     gen = torch.Generator().manual_seed(3)
     target, draft, tokens, parents = make_tree(3, 1, 50, torch.bfloat16, gen)
-    return dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents,
-                max_depth=cut, **randomness(3, 1, gen)[MODES.index(mode)])
+    if mode is None:
+        return logits_of(torch.randn(3, 1, 50, generator=gen), tokens, parents, max_depth=cut)
+    return probs(target, draft, tokens, parents, max_depth=cut, **randomness(3, 1, gen)[MODES.index(mode)])
 
 
 @crafted
-def root_only_greedy(cut):
-    gen = torch.Generator().manual_seed(3)
-    _, _, tokens, parents = make_tree(3, 1, 50, torch.bfloat16, gen)
-    return dict(target_logits=torch.randn(3, 1, 50, generator=gen), tree_tokens=tokens, parents=parents,
-                max_depth=cut)
-
-
-@crafted
-def deep_cut_sampling(mode):
+def deep_cut(mode=None):
     """max_depth + 1 wider than BLOCK_N: the output tail padded by the store loop."""
     gen = torch.Generator().manual_seed(4)
     target, draft, tokens, parents = make_tree(2, 3, 12, torch.float32, gen, unused_frac=0.0)
-    return dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents, max_depth=9,
-                **randomness(2, 3, gen)[MODES.index(mode)])
-
-
-@crafted
-def deep_cut_greedy():
-    gen = torch.Generator().manual_seed(4)
-    _, _, tokens, parents = make_tree(2, 3, 12, torch.float32, gen, unused_frac=0.0)
-    randomness(2, 3, gen)
-    return dict(target_logits=torch.randn(2, 3, 12, generator=gen), tree_tokens=tokens, parents=parents,
-                max_depth=9)
+    modes = randomness(2, 3, gen)
+    if mode is None:
+        return logits_of(torch.randn(2, 3, 12, generator=gen), tokens, parents, max_depth=9)
+    return probs(target, draft, tokens, parents, max_depth=9, **modes[MODES.index(mode)])
 
 
 # ---------------------------------------------------------------------------- crafted: edge rows, odd inputs
@@ -234,63 +206,39 @@ def edge_rows_sampling(dtype, mode, cut):
 @crafted
 def edge_rows_greedy(dtype, cut):
     logits, tokens, parents = greedy_edge_rows()
-    return dict(target_logits=logits.to(dtype), tree_tokens=tokens, parents=parents, max_depth=cut)
+    return logits_of(logits.to(dtype), tokens, parents, max_depth=cut)
 
 
 @crafted
-def edge_rows_greedy_tiles(dtype):
-    logits, tokens, parents = greedy_edge_rows()
-    return dict(target_logits=logits.to(dtype), tree_tokens=tokens, parents=parents, max_depth=2)
-
-
-def _out_of_range_tree():
+def out_of_range(mode=None):
     """Ids >= V or < -1 (a GPU does not validate values): they read nothing, rejected / never matched."""
     gen = torch.Generator().manual_seed(14)
     target, draft, tokens, parents = make_tree(3, 6, 20, torch.float32, gen, unused_frac=0.0)
     tokens[:, 1:] = torch.tensor([[20, 0, 2**40, -7, 5], [-2**62, 20, 21, 3, 3], [1, 2, 3, 4, 2**33]])
     tokens[:, 0] = torch.tensor([-5, 99, 2**50])  # the root's entry is ignored
-    return gen, dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents, unvalidated=True)
+    modes = randomness(3, 6, gen)
+    if mode is None:
+        return logits_of(torch.randn(3, 6, 20, generator=gen), tokens, parents, unvalidated=True)
+    return probs(target, draft, tokens, parents, unvalidated=True, **modes[MODES.index(mode)])
 
 
 @crafted
-def out_of_range_sampling(mode):
-    gen, x = _out_of_range_tree()
-    return dict(x, **randomness(3, 6, gen)[MODES.index(mode)])
-
-
-@crafted
-def out_of_range_greedy():
-    gen, x = _out_of_range_tree()
-    randomness(3, 6, gen)
-    return dict(target_logits=torch.randn(3, 6, 20, generator=gen), tree_tokens=x["tree_tokens"],
-                parents=x["parents"], unvalidated=True)
-
-
-def _strided_tree(dtype):
-    """A batch stride past the rows, node-major storage, transposed index tensors."""
+def strided(dtype, mode=None):
+    """A batch stride past the rows, node-major storage, transposed index tensors; mode "uniforms" or
+    "strided seeds and offsets"."""
     batch, n, vocab = 3, 6, 30
     gen = torch.Generator().manual_seed(2)
     target, draft, tokens, parents = make_tree(batch, n, vocab, dtype, gen)
     big = torch.zeros(batch, n + 2, vocab, dtype=dtype)
     big[:, 1:n + 1] = target
-    uniforms = dict(uniforms=coins(batch, n, gen).t().contiguous().t())
-    seeds = dict(seed=torch.randint(0, 2**40, (2 * batch,), generator=gen)[::2],
-                 offsets=torch.tensor([5, 0, 9, 0, 2**33, 0])[::2])
-    x = dict(target_probs=big[:, 1:n + 1], draft_probs=draft.transpose(0, 1).contiguous().transpose(0, 1),
-             tree_tokens=tokens.t().contiguous().t(), parents=parents.t().contiguous().t())
-    return x, {"uniforms": uniforms, "strided seeds and offsets": seeds}
-
-
-@crafted
-def strided_sampling(dtype, mode):
-    x, modes = _strided_tree(dtype)
-    return dict(x, **modes[mode])
-
-
-@crafted
-def strided_greedy(dtype):
-    x, _ = _strided_tree(dtype)
-    return dict(target_logits=x["target_probs"], tree_tokens=x["tree_tokens"], parents=x["parents"])
+    tokens, parents = tokens.t().contiguous().t(), parents.t().contiguous().t()
+    if mode is None:
+        return logits_of(big[:, 1:n + 1], tokens, parents)
+    modes = {"uniforms": dict(uniforms=coins(batch, n, gen).t().contiguous().t()),
+             "strided seeds and offsets": dict(seed=torch.randint(0, 2**40, (2 * batch,), generator=gen)[::2],
+                                               offsets=torch.tensor([5, 0, 9, 0, 2**33, 0])[::2])}
+    return probs(big[:, 1:n + 1], draft.transpose(0, 1).contiguous().transpose(0, 1), tokens, parents,
+                 **modes[mode])
 
 
 @crafted
