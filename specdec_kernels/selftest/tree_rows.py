@@ -14,95 +14,54 @@ EDGE_PARENTS = [-1, 0, 0, 0, 1, 1, 2, -1]  # three root children, two grandchild
 
 
 # ---------------------------------------------------------------------------- tree_rejection_sample edge rows
-# Each craft edits row b of (target, draft, tokens) in place; the rows are independent.
 
-def _p_equals_q_on_zero_mass(target, draft, tokens, parents, b, dtype):
-    """p == q for every child and tokens on a zero-mass id: rejected, empty residual -> draw from p."""
-    target[b, :, 5] = 0.0
-    draft[b] = target[b, parents[b].clamp(min=0)]
-    tokens[b, 1:7] = 5
-
-
-def _q_zero_below_p(target, draft, tokens, parents, b, dtype):
-    """q == 0 < p at the drafted tokens: the first child is accepted whatever the coin."""
-    draft[b, :, 9] = 0.0
-    target[b, :, 9] = 0.25
-    tokens[b, 1:7] = 9
-
-
-def _zero_target_root(target, draft, tokens, parents, b, dtype):
-    """All-zero target row at the root: every child rejected, residual and p empty -> id 0."""
-    target[b, 0] = 0.0
-
-
-def _nan_target_root(target, draft, tokens, parents, b, dtype):
-    """NaN target at the root, NaN / inf in the children's q."""
-    target[b, 0] = NAN
-    draft[b, 1, ::3] = NAN
-    draft[b, 2, 4] = INF
-    draft[b, 3, :] = -INF
-
-
-def _rejected_then_inf_q(target, draft, tokens, parents, b, dtype):
-    """The first child rejected (p(x) = 0); the second child's q has +inf at its token and NaN entries."""
-    target[b, 0, tokens[b, 1]] = 0.0
-    draft[b, 2, tokens[b, 2]] = INF
-    draft[b, 2, 1::4] = NAN
-
-
-def _one_hot_top_k(target, draft, tokens, parents, b, dtype):
-    """One-hot target, distinct deterministic drafts with one-hot q (top-k siblings): the third hits."""
-    target[b] = 0.0
-    target[b, :, 17] = 1.0
-    draft[b] = 0.0
-    draft[b, torch.arange(1, 7), torch.tensor([3, 4, 17, 17, 2, 17])] = 1.0
-    tokens[b, 1:7] = torch.tensor([3, 4, 17, 17, 2, 17])
-
-
-def _padding_tokens(target, draft, tokens, parents, b, dtype):
-    """-1 tokens on used nodes (rejected, the residual still updated) and an all-zero q row."""
-    tokens[b, 1] = -1
-    tokens[b, 3] = -1
-    draft[b, 2] = 0.0
-
-
-def _negative_subnormal(target, draft, tokens, parents, b, dtype):
-    """Negative values, subnormals and a residual with mass only at the last id."""
-    vocab = target.shape[-1]
-    target[b, 0] = 0.0
-    target[b, 0, vocab - 1] = 0.5
-    target[b, 0, 3] = -0.5
-    target[b, 1, 20:30] = 1e-30 if dtype == torch.float32 else 1e-7
-    draft[b, 1:4] = 0.01
-
-
-def _duplicate_siblings(target, draft, tokens, parents, b, dtype):
-    """Duplicate tokens among siblings; +inf entries in p at drafted tokens and in a bonus row."""
-    tokens[b, 1:4] = tokens[b, 1]
-    draft[b, 1:4] = draft[b, 1]
-    target[b, 0, tokens[b, 1]] = INF
-    target[b, 1, tokens[b, 4]] = INF
-    target[b, 4, 30:33] = INF
-
-
-EDGE_ROWS = (("p == q on a zero-mass id", _p_equals_q_on_zero_mass), ("q == 0 < p", _q_zero_below_p),
-             ("zero target root", _zero_target_root), ("NaN target root", _nan_target_root),
-             ("rejected, then +inf q", _rejected_then_inf_q), ("one-hot top-k", _one_hot_top_k),
-             ("padding tokens", _padding_tokens), ("negative and subnormal", _negative_subnormal),
-             ("duplicate siblings", _duplicate_siblings))
-EDGE_ROW = {name: b for b, (name, _) in enumerate(EDGE_ROWS)}
+EDGE_ROWS = ("p == q on a zero-mass id", "q == 0 < p", "zero target root", "NaN target root", "rejected, then +inf q",
+             "one-hot top-k", "padding tokens", "negative and subnormal", "duplicate siblings")
+EDGE_ROW = {name: b for b, name in enumerate(EDGE_ROWS)}
 
 
 def edge_rows(dtype):
-    """One crafted row per edge case of tree_rejection_sample (V = 40, N = 8, a row per EDGE_ROWS)."""
-    vocab, n, batch = 40, len(EDGE_PARENTS), len(EDGE_ROWS)
-    gen = torch.Generator().manual_seed(11)
+    """One crafted row per edge case of tree_rejection_sample (V = 40, N = 8), row EDGE_ROW[name]; each
+    craft edits its own row of p (target), q (draft) and the tokens."""
+    vocab, n, batch, row = 40, len(EDGE_PARENTS), len(EDGE_ROWS), EDGE_ROW
     parents = torch.tensor([EDGE_PARENTS] * batch)
-    target, draft, tokens, _ = make_tree(batch, n, vocab, torch.float32, gen, parents=parents)
-    target, draft = target.clone(), draft.clone()
-    for b, (_, craft) in enumerate(EDGE_ROWS):
-        craft(target, draft, tokens, parents, b, dtype)
-    return dict(target_probs=target.to(dtype), draft_probs=draft.to(dtype), tree_tokens=tokens, parents=parents)
+    p, q, tokens, _ = make_tree(batch, n, vocab, torch.float32, torch.Generator().manual_seed(11), parents=parents)
+    p, q = p.clone(), q.clone()
+    # p == q for every child and tokens on a zero-mass id: rejected, empty residual -> draw from p
+    b = row["p == q on a zero-mass id"]
+    p[b, :, 5] = 0.0
+    q[b] = p[b, parents[b].clamp(min=0)]
+    tokens[b, 1:7] = 5
+    # q == 0 < p at the drafted tokens: the first child is accepted whatever the coin
+    b = row["q == 0 < p"]
+    q[b, :, 9], p[b, :, 9], tokens[b, 1:7] = 0.0, 0.25, 9
+    # an all-zero target row at the root: every child rejected, residual and p empty -> id 0
+    p[row["zero target root"], 0] = 0.0
+    # NaN target at the root, NaN / inf in the children's q
+    b = row["NaN target root"]
+    p[b, 0], q[b, 1, ::3], q[b, 2, 4], q[b, 3, :] = NAN, NAN, INF, -INF
+    # the first child rejected (p(x) = 0); the second child's q has +inf at its token and NaN entries
+    b = row["rejected, then +inf q"]
+    p[b, 0, tokens[b, 1]], q[b, 2, tokens[b, 2]], q[b, 2, 1::4] = 0.0, INF, NAN
+    # one-hot target, distinct deterministic drafts with one-hot q (top-k siblings): the third hits
+    b = row["one-hot top-k"]
+    p[b], p[b, :, 17], q[b] = 0.0, 1.0, 0.0
+    q[b, torch.arange(1, 7), torch.tensor([3, 4, 17, 17, 2, 17])] = 1.0
+    tokens[b, 1:7] = torch.tensor([3, 4, 17, 17, 2, 17])
+    # -1 tokens on used nodes (rejected, the residual still updated) and an all-zero q row
+    b = row["padding tokens"]
+    tokens[b, 1], tokens[b, 3], q[b, 2] = -1, -1, 0.0
+    # negative values, subnormals and a residual with mass only at the last id
+    b = row["negative and subnormal"]
+    p[b, 0], p[b, 0, vocab - 1], p[b, 0, 3] = 0.0, 0.5, -0.5
+    p[b, 1, 20:30] = 1e-30 if dtype == torch.float32 else 1e-7
+    q[b, 1:4] = 0.01
+    # duplicate tokens among siblings; +inf entries in p at drafted tokens and in a bonus row
+    b = row["duplicate siblings"]
+    tokens[b, 1:4] = tokens[b, 1]
+    q[b, 1:4] = q[b, 1]
+    p[b, 0, tokens[b, 1]], p[b, 1, tokens[b, 4]], p[b, 4, 30:33] = INF, INF, INF
+    return dict(target_probs=p.to(dtype), draft_probs=q.to(dtype), tree_tokens=tokens, parents=parents)
 
 
 def edge_rows_answer(got, x):
