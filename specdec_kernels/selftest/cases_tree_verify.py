@@ -12,8 +12,7 @@ import torch
 from . import tree_builders as b
 from .compare import exact, expect, with_checks
 from .model import DTYPES, Row, cases
-from .tree_inputs import MODES
-from .tree_rows import FIRST_LEVEL, edge_rows_answer, exact_residual_row, greedy_edge_answer
+from .tree_inputs import FIRST_LEVEL, MODES, edge_rows_answer, exact_residual_row, greedy_edge_answer
 
 OUTPUTS = ("output_tokens", "num_accepted", "accepted_nodes")
 F32 = torch.float32

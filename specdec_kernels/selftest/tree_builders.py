@@ -11,10 +11,9 @@ import functools
 import torch
 
 from .inputs import random_logits, random_parents, seeded_generator
-from .tree_inputs import (MODES, biased_parents, coins, garbage_tokens, gpu_randomness, greedy_tokens, high_coins,
-                          make_tree, randomness, sampled_sibling_tokens, sampled_tree)
-from .tree_rows import (INF, NAN, adversarial_prob_rows, edge_rows, exact_residual_row, greedy_edge_rows,
-                        many_rejected_siblings, special_logit_rows)
+from .tree_inputs import (INF, MODES, NAN, adversarial_prob_rows, biased_parents, coins, edge_rows, exact_residual_row,
+                          garbage_tokens, gpu_randomness, greedy_edge_rows, greedy_tokens, high_coins, make_tree,
+                          many_rejected_siblings, randomness, sampled_sibling_tokens, sampled_tree, special_logit_rows)
 
 WR = "without_replacement"
 EDGE_MODES = MODES + ("uniforms all 0", "uniforms 1 - 2^-53")  # the crafted edge rows' coins: also 0 and the largest u
