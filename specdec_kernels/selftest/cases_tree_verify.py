@@ -190,19 +190,17 @@ def _gpu_greedy_rows(tier):
 
 # ---------------------------------------------------------------------------- tree_rejection_sample
 
+# (name, sampled siblings, per-row seeds) of the sampling shape cases; per-row seeds in float32 only
+SHAPE_KINDS = (("uniforms", False, False), ("sampled siblings", True, False), ("per-row seeds", False, True),
+               ("sampled siblings, per-row seeds", True, True))
+
+
 def _sampling_shape_rows(tier):
-    rows = []
-    for shape in tier["shapes"]:
-        for dtype in tier["shape_dtypes"]:
-            graph, settings = shape == tier["shapes"][0] and dtype == torch.bfloat16, dict(shape=shape, dtype=dtype)
-            rows += [Row(f"{shape_name(shape)} uniforms", dtype, b.shape_uniforms, settings, judged(), graph=graph),
-                     Row(f"{shape_name(shape)} sampled siblings", dtype, b.shape_sampled_siblings, settings, judged(),
-                         graph=graph)]
-            if dtype == F32:
-                rows += [Row(f"{shape_name(shape)} per-row seeds", dtype, b.shape_row_seeds, settings, judged()),
-                         Row(f"{shape_name(shape)} sampled siblings, per-row seeds", dtype, b.shape_sampled_row_seeds,
-                             settings, judged())]
-    return rows
+    return [Row(f"{shape_name(shape)} {kind}", dtype, b.shape_sampling,
+                dict(shape=shape, dtype=dtype, sampled=sampled, row_seeds=row_seeds), judged(),
+                graph=shape == tier["shapes"][0] and dtype == torch.bfloat16)
+            for shape in tier["shapes"] for dtype in tier["shape_dtypes"] for kind, sampled, row_seeds in SHAPE_KINDS
+            if dtype == F32 or not row_seeds]
 
 
 def _sampling_rows(profile):

@@ -35,6 +35,16 @@ def crafted(make):
     return build
 
 
+def probs(target, draft, tokens, parents, **more):
+    """tree_rejection_sample's tree inputs."""
+    return dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents, **more)
+
+
+def logits_of(logits, tokens, parents, **more):
+    """tree_greedy_verify's tree inputs."""
+    return dict(target_logits=logits, tree_tokens=tokens, parents=parents, **more)
+
+
 # ---------------------------------------------------------------------------- the shapes x dtypes
 
 def shape_greedy(seed, device, shape, dtype):
@@ -52,7 +62,9 @@ def shape_greedy(seed, device, shape, dtype):
     return dict(target_logits=logits, tree_tokens=tokens, parents=parents, max_depth=n - 1)
 
 
-def shape_uniforms(seed, device, shape, dtype):
+def shape_sampling(seed, device, shape, dtype, sampled, row_seeds):
+    """Children as a real drafter proposes them, or (sampled) drawn from the parent's row without replacement
+    (draft row v = the q of v's children, updated after each rejected sibling); uniforms, or per-row seeds."""
     from ..common.sampling import safe_argmax
 
     batch, n, vocab = shape
@@ -61,59 +73,30 @@ def shape_uniforms(seed, device, shape, dtype):
     logits = torch.randn(batch, n, vocab, generator=gen, device=device) * 2
     target = torch.softmax(logits, -1)
     draft = torch.softmax(logits + torch.randn(batch, n, vocab, generator=gen, device=device), -1)
-    # children as a real drafter proposes them: the parent's target argmax, the draft's own
-    # argmax (likely accepted), random ids (likely rejected)
+    # the parent's target argmax, the draft's own argmax (likely accepted), random ids (likely rejected)
     parent = parents.clamp(min=0)
     choice = torch.rand(batch, n, generator=gen, device=device)
     tokens = torch.where(choice < 0.4, safe_argmax(target).gather(1, parent),
                          torch.where(choice < 0.7, safe_argmax(draft).gather(1, parent),
                                      torch.randint(0, vocab, (batch, n), generator=gen, device=device)))
     tokens = torch.where(parents < 0, -1, tokens)
-    tokens[:, 0] = 0
-    return dict(target_probs=target.to(dtype), draft_probs=draft.to(dtype), tree_tokens=tokens,
-                parents=parents, max_depth=n - 1,
-                uniforms=torch.rand(batch, n, generator=gen, device=device, dtype=torch.float64))
-
-
-def shape_sampled_siblings(seed, device, shape, dtype):
-    """Siblings drawn from the parent's row without replacement (draft row v = the q of v's
-    children), verified with q updated after each rejected sibling."""
-    x = shape_uniforms(seed, device, shape, dtype)
-    tokens = sampled_sibling_tokens(x["draft_probs"], x["parents"], seeded_generator(device, seed + 3))
-    tokens[:, 0] = 0
-    x.update(tree_tokens=tokens, siblings=WR)
-    return x
-
-
-def shape_row_seeds(seed, device, shape, dtype):
-    x = shape_uniforms(seed, device, shape, dtype)
-    del x["uniforms"]
-    batch = shape[0]
-    x["seed"] = torch.randint(-(2**62), 2**62, (batch,), generator=seeded_generator(device, seed + 1), device=device)
-    x["offsets"] = torch.randint(0, 5000, (batch,), generator=seeded_generator(device, seed + 2), device=device)
-    return x
-
-
-def shape_sampled_row_seeds(seed, device, shape, dtype):
-    x = shape_row_seeds(seed, device, shape, dtype)
-    y = shape_sampled_siblings(seed, device, shape, dtype)
-    x.update(tree_tokens=y["tree_tokens"], siblings=WR)
+    x = probs(target.to(dtype), draft.to(dtype), tokens, parents, max_depth=n - 1,
+              uniforms=torch.rand(batch, n, generator=gen, device=device, dtype=torch.float64))
+    if sampled:
+        x.update(tree_tokens=sampled_sibling_tokens(x["draft_probs"], parents, seeded_generator(device, seed + 3)),
+                 siblings=WR)
+    x["tree_tokens"][:, 0] = 0
+    if row_seeds:
+        del x["uniforms"]
+        x["seed"] = torch.randint(-(2**62), 2**62, (batch,), generator=seeded_generator(device, seed + 1),
+                                  device=device)
+        x["offsets"] = torch.randint(0, 5000, (batch,), generator=seeded_generator(device, seed + 2), device=device)
     return x
 
 
 # ---------------------------------------------------------------------------- crafted: small trees
 # mode: the randomness mode of tree_rejection_sample's inputs (MODES); None: tree_greedy_verify's inputs,
 # logits on the same tree (drawn after the modes' coins, so each op's inputs stay as they were).
-
-def probs(target, draft, tokens, parents, **more):
-    """tree_rejection_sample's tree inputs."""
-    return dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents, **more)
-
-
-def logits_of(logits, tokens, parents, **more):
-    """tree_greedy_verify's tree inputs."""
-    return dict(target_logits=logits, tree_tokens=tokens, parents=parents, **more)
-
 
 @crafted
 def ragged(vocab, dtype, cut, mode=None):
