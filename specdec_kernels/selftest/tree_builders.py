@@ -59,7 +59,7 @@ def shape_greedy(seed, device, shape, dtype):
                          torch.randint(0, vocab, (batch, n), generator=gen, device=device))
     tokens = torch.where(parents < 0, -1, tokens)
     tokens[:, 0] = 0
-    return dict(target_logits=logits, tree_tokens=tokens, parents=parents, max_depth=n - 1)
+    return logits_of(logits, tokens, parents, max_depth=n - 1)
 
 
 def shape_sampling(seed, device, shape, dtype, sampled, row_seeds):
@@ -240,10 +240,9 @@ def sampled_ragged(dtype, mode, cut):
     target, draft, tokens, parents = sampled_tree(4, 9, 37, dtype, gen)
     parents[1, 5:] = -1
     tokens[1, 5:] = -1
-    x = dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents, siblings=WR)
     modes = [dict(uniforms=high_coins(4, 9, gen, torch.float32)), dict(uniforms=high_coins(4, 9, gen))]
     modes += randomness(4, 9, gen)[2:]
-    return dict(x, max_depth=cut, **modes[HIGH_MODES.index(mode)])
+    return probs(target, draft, tokens, parents, siblings=WR, max_depth=cut, **modes[HIGH_MODES.index(mode)])
 
 
 @crafted
@@ -263,8 +262,7 @@ def sampled_star(mode):
                                                                            dtype=torch.float64))[0][0]
     modes = {"high uniforms64": dict(uniforms=high_coins(batch, n, gen)), "seed": dict(seed=7),
              "int32 offsets": dict(seed=torch.arange(batch) * 3 - 5, offsets=torch.arange(batch, dtype=torch.int32))}
-    return dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents, siblings=WR,
-                **modes[mode])
+    return probs(target, draft, tokens, parents, siblings=WR, **modes[mode])
 
 
 # The odd root distributions of the sampled-sibling rows, one batch row each, in this order:
@@ -291,8 +289,7 @@ def sampled_odd_rows(mode):
     draft[minus_inf_row, 0, 5:9] = 2.0
     tokens[:, 2] = tokens[:, 1]  # a repeated sibling where both hang off one parent
     modes = {"high uniforms64": dict(uniforms=high_coins(len(ODD_ROOTS) + 1, 7, gen)), "seed": dict(seed=11)}
-    return dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents, siblings=WR,
-                **modes[mode])
+    return probs(target, draft, tokens, parents, siblings=WR, **modes[mode])
 
 
 @crafted
@@ -307,8 +304,7 @@ def sampled_strided(index_dtype, mode):
     modes = {"high uniforms64": dict(uniforms=high_coins(batch, n, gen)),
              "per-row seeds and offsets": dict(seed=torch.tensor([5, -6, 7], dtype=index_dtype),
                                                offsets=torch.tensor([1, 2, 3], dtype=index_dtype))}
-    return dict(target_probs=target, draft_probs=draft, tree_tokens=wide_tokens[:, ::2],
-                parents=wide_parents[:, ::2], siblings=WR, **modes[mode])
+    return probs(target, draft, wide_tokens[:, ::2], wide_parents[:, ::2], siblings=WR, **modes[mode])
 
 
 # ---------------------------------------------------------------------------- GPU sizes
@@ -323,8 +319,7 @@ def garbage_greedy(seed, device, dtype, vocab, batch, n, cut):
     parents = biased_parents(batch, n, gen)
     logits = random_logits(batch, n, vocab, dtype, seeded_generator(device, vocab + batch + n + seed), device)
     tokens = garbage_tokens(parents, safe_argmax(logits), vocab, gen)
-    return dict(target_logits=logits, tree_tokens=tokens.to(device), parents=parents.to(device), max_depth=cut,
-                unvalidated=True)
+    return logits_of(logits, tokens.to(device), parents.to(device), max_depth=cut, unvalidated=True)
 
 
 def garbage_sampling(seed, device, dtype, vocab, batch, n, mode, cut):
@@ -341,9 +336,8 @@ def garbage_sampling(seed, device, dtype, vocab, batch, n, mode, cut):
     own = (torch.rand(batch, n, generator=gen) < 0.3) & (parents >= 0)
     own[:, 0] = False
     tokens = torch.where(own, top_q, tokens)
-    return dict(target_probs=target.to(dtype), draft_probs=draft.to(dtype), tree_tokens=tokens.to(device),
-                parents=parents.to(device), max_depth=cut, unvalidated=True,
-                **gpu_randomness(mode, batch, n, gen, device))
+    return probs(target.to(dtype), draft.to(dtype), tokens.to(device), parents.to(device), max_depth=cut,
+                 unvalidated=True, **gpu_randomness(mode, batch, n, gen, device))
 
 
 def adversarial_greedy(seed, device, dtype, vocab):
@@ -355,7 +349,7 @@ def adversarial_greedy(seed, device, dtype, vocab):
     parents = biased_parents(batch, n, gen, unused_frac=0.1)
     logits = torch.stack([torch.stack([rows[(b + i) % len(rows)] for i in range(n)]) for b in range(batch)]).to(dtype)
     tokens = garbage_tokens(parents, safe_argmax(logits), vocab, gen, match_frac=0.6, bad_frac=0.2)
-    return on_device(device, dict(target_logits=logits, tree_tokens=tokens, parents=parents, unvalidated=True))
+    return on_device(device, logits_of(logits, tokens, parents, unvalidated=True))
 
 
 def adversarial_sampling(seed, device, dtype, vocab, mode):
@@ -371,8 +365,7 @@ def adversarial_sampling(seed, device, dtype, vocab, mode):
             draft[b, node] = rows[(b + 2 * node) % batch][1]
             tokens[b, node] = rows[(b + 2 * node) % batch][2]
         target[b, 0], draft[b, 1], tokens[b, 1] = rows[b]
-    x = dict(target_probs=target.to(dtype), draft_probs=draft.to(dtype), tree_tokens=tokens, parents=parents,
-             unvalidated=True)
+    x = probs(target.to(dtype), draft.to(dtype), tokens, parents, unvalidated=True)
     return dict(on_device(device, x), **gpu_randomness(mode, batch, n, gen, device))
 
 
@@ -429,8 +422,7 @@ def wide_tree(seed, device, dtype, mode, drafts):
     else:
         _shared_or_top_k_drafts(target, draft, tokens, parents, gen)
     tokens[:, 0] = 0
-    x = dict(target_probs=target.to(dtype), draft_probs=draft.to(dtype), tree_tokens=tokens, parents=parents,
-             siblings=siblings)
+    x = probs(target.to(dtype), draft.to(dtype), tokens, parents, siblings=siblings)
     return dict(on_device(device, x), **gpu_randomness(mode, batch, n, gen, device))
 
 
@@ -446,8 +438,8 @@ def sampled_production(seed, device, dtype, shape, mode, cut):
     odd = (torch.rand(batch, n, generator=gen) < 0.05) & (parents >= 0)
     noise = torch.randint(0, vocab, (batch, n), generator=gen).to(device)
     tokens = torch.where(odd.to(device), noise, tokens)
-    return dict(target_probs=target, draft_probs=draft, tree_tokens=tokens, parents=parents.to(device),
-                max_depth=cut, siblings=WR, **gpu_randomness(mode, batch, n, gen, device))
+    return probs(target, draft, tokens, parents.to(device), max_depth=cut, siblings=WR,
+                 **gpu_randomness(mode, batch, n, gen, device))
 
 
 def unaligned_sampling(seed, device, mode):
@@ -468,8 +460,7 @@ def unaligned_sampling(seed, device, mode):
     else:
         rnd["seed"] = torch.stack([rnd["seed"], rnd["seed"]], dim=1)[:, 0]
         rnd["offsets"] = torch.stack([rnd["offsets"], rnd["offsets"]], dim=1)[:, 1]
-    return dict(target_probs=target, draft_probs=draft, tree_tokens=wide[:, ::2],
-                parents=parents.t().contiguous().to(device).t(), unvalidated=True, **rnd)
+    return probs(target, draft, wide[:, ::2], parents.t().contiguous().to(device).t(), unvalidated=True, **rnd)
 
 
 def unaligned_greedy(seed, device):
@@ -482,8 +473,7 @@ def unaligned_greedy(seed, device):
     parents = biased_parents(batch, n, gen)
     tokens = garbage_tokens(parents, safe_argmax(logits), vocab, gen)
     wide = torch.stack([tokens, tokens], dim=2).reshape(batch, 2 * n).to(device)
-    return dict(target_logits=logits, tree_tokens=wide[:, ::2], parents=parents.t().contiguous().to(device).t(),
-                unvalidated=True)
+    return logits_of(logits, wide[:, ::2], parents.t().contiguous().to(device).t(), unvalidated=True)
 
 
 def out_of_range_children(seed, device):
