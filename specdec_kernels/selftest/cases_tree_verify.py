@@ -5,8 +5,6 @@ cases, some run through the Triton launcher with small tiles (a `tiles` setting)
 the shapes x dtypes at production vocabularies and the GPU-size cases. An op's rows are in its cases'
 order (the GPU quick tier spreads a sample over it)."""
 
-from functools import partial
-
 import torch
 
 from . import tree_builders as b
@@ -92,10 +90,6 @@ def structure(got, x):
         return False
     emitted = torch.arange(out.shape[1], device=out.device).unsqueeze(0) <= accepted.unsqueeze(1)
     return bool(((out >= 0) & (out < vocab))[emitted].all()) and bool((out[~emitted] == -1).all())
-
-
-def _accepts_node(got, x, node):
-    return int(got[2][0, FIRST_LEVEL]) == node
 
 
 STRUCTURE = expect("emitted tokens in [0, V) and -1 after them", structure)
@@ -220,7 +214,7 @@ def _sampling_rows(profile):
         node = exact_residual_row(coin == "below both")[1]
         rows.append(Row(f"exact residual, coin {coin} float32(R) and R", F32, b.exact_residual, dict(coin=coin),
                         judged(STRUCTURE, expect(f"first level accepts node {node}",
-                                                 partial(_accepts_node, node=node)))))
+                                                 lambda got, x, node=node: int(got[2][0, FIRST_LEVEL]) == node))))
     rows.append(Row("B=0", F32, b.empty_batch, dict(greedy=False), checked))
     rows += [Row(f"N=1 (root only) {mode}{label('max_depth', cut)}", torch.bfloat16, b.root_only,
                  dict(cut=cut, mode=mode), judged(STRUCTURE, ROOT_ONLY)) for cut in (None, 2) for mode in MODES]

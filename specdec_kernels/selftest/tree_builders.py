@@ -369,13 +369,6 @@ def adversarial_sampling(seed, device, dtype, vocab, mode):
     return dict(on_device(device, x), **gpu_randomness(mode, batch, n, gen, device))
 
 
-def _odd_sampled_rows(target, draft, tokens):
-    """One row per ODD_ROOTS entry, then a row whose second child repeats the first."""
-    _odd_roots(target, draft, inf_width=100)
-    repeat_row = len(ODD_ROOTS)
-    tokens[repeat_row, 2] = tokens[repeat_row, 1]
-
-
 def _shared_or_top_k_drafts(target, draft, tokens, parents, gen):
     """Odd rows: deterministic top-k children with one-hot q, worst first; even rows: siblings share
     one q and draw from it."""
@@ -418,7 +411,8 @@ def wide_tree(seed, device, dtype, mode, drafts):
     tokens = torch.randint(0, vocab, (batch, n), generator=gen)
     if siblings == WR:
         tokens = sampled_sibling_tokens(draft, parents, gen)
-        _odd_sampled_rows(target, draft, tokens)
+        _odd_roots(target, draft, inf_width=100)  # one row per ODD_ROOTS entry, then a repeated sibling
+        tokens[len(ODD_ROOTS), 2] = tokens[len(ODD_ROOTS), 1]
     else:
         _shared_or_top_k_drafts(target, draft, tokens, parents, gen)
     tokens[:, 0] = 0
