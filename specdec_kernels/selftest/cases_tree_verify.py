@@ -37,6 +37,7 @@ TIERS = {
 RAGGED_VOCABS = (1, 37, 300)
 GPU_NODES = (1, 2, 9, 32)
 STAR_MODES = ("high uniforms64", "seed", "int32 offsets")
+EVERY_OTHER = ("uniforms32", "high uniforms32", "seed+offsets")  # the modes that also get a depth cut at 1
 
 
 # ---------------------------------------------------------------------------- running and judging
@@ -137,8 +138,8 @@ def cuts(mode, cut_modes, more):
 
 # ---------------------------------------------------------------------------- tree_greedy_verify
 
-def _greedy_rows(profile):
-    tier, checked = TIERS[profile], judged(STRUCTURE)
+def _greedy_rows(tier):
+    checked = judged(STRUCTURE)
     rows = [Row(shape_name(shape), dtype, b.shape_greedy, dict(shape=shape, dtype=dtype), judged(),
                 graph=shape == tier["shapes"][0] and dtype == torch.bfloat16)
             for shape in tier["shapes"] for dtype in tier["shape_dtypes"]]
@@ -163,8 +164,7 @@ def _greedy_rows(profile):
                  for split in tier["edge_tile_splits"]]
     rows += [Row(f"ids >= V and < -1{label('split', split)}", F32, b.out_of_range,
                  dict(tiles=tiles(tier, split=split)), checked) for split in tier["splits"]]
-    rows += [Row("strided inputs", dtype, b.strided, dict(dtype=dtype), checked) for dtype in DTYPES]
-    return rows + (_gpu_greedy_rows(tier) if tier["gpu_rows"] else [])
+    return rows + [Row("strided inputs", dtype, b.strided, dict(dtype=dtype), checked) for dtype in DTYPES]
 
 
 def _gpu_greedy_rows(tier):
@@ -197,13 +197,12 @@ def _sampling_shape_rows(tier):
             if dtype == F32 or not row_seeds]
 
 
-def _sampling_rows(profile):
-    tier, checked = TIERS[profile], judged(STRUCTURE)
+def _sampling_rows(tier):
+    checked = judged(STRUCTURE)
     rows = _sampling_shape_rows(tier)
-    every_other = ("uniforms32", "high uniforms32", "seed+offsets")  # a depth cut at 1 on every other mode
     rows += [Row(f"random trees B=4 N=9 V={vocab} ragged {mode}{label('max_depth', cut)}", dtype, b.ragged,
                  dict(vocab=vocab, dtype=dtype, mode=mode, cut=cut), checked)
-             for vocab in RAGGED_VOCABS for dtype in DTYPES for mode in MODES for cut in cuts(mode, every_other, (1,))]
+             for vocab in RAGGED_VOCABS for dtype in DTYPES for mode in MODES for cut in cuts(mode, EVERY_OTHER, (1,))]
     # BLOCK_V = 16 over V in {7, 300}: the residual passes and the int64 cdf cross tiles
     rows += [Row(f"16-wide tiles V={vocab} {mode}", F32, b.small_tiles,
                  dict(vocab=vocab, mode=mode, tiles=tiles(tier, block_v=16)), checked)
@@ -228,18 +227,17 @@ def _sampling_rows(profile):
              for mode in MODES[1:]]
     rows += [Row(f"strided inputs {mode}", dtype, b.strided, dict(dtype=dtype, mode=mode), checked)
              for dtype in DTYPES for mode in ("uniforms", "strided seeds and offsets")]
-    rows += [Row(f"9 + 4 siblings, 7 + 4 rejected {mode}{label('block_v', block_v)}", F32, b.many_rejected,
-                 dict(mode=mode, tiles=tiles(tier, block_v=block_v)), judged(STRUCTURE, MANY_REJECTED))
-             for mode in b.EDGE_MODES[:5] for block_v in tier["block_vs"]]
-    return rows + _sampled_sibling_rows(tier, checked, every_other) + (_gpu_sampling_rows(tier) if tier["gpu_rows"]
-                                                                        else [])
+    return rows + [Row(f"9 + 4 siblings, 7 + 4 rejected {mode}{label('block_v', block_v)}", F32, b.many_rejected,
+                       dict(mode=mode, tiles=tiles(tier, block_v=block_v)), judged(STRUCTURE, MANY_REJECTED))
+                   for mode in b.EDGE_MODES[:5] for block_v in tier["block_vs"]]
 
 
-def _sampled_sibling_rows(tier, checked, every_other):
+def _sampled_sibling_rows(tier):
     """siblings="without_replacement": children drawn without replacement from the parent's draft row."""
+    checked = judged(STRUCTURE)
     rows = [Row(f"sampled siblings B=4 N=9 V=37 ragged {mode}{label('max_depth', cut)}", dtype, b.sampled_ragged,
                 dict(dtype=dtype, mode=mode, cut=cut), checked)
-            for dtype in DTYPES for mode in b.HIGH_MODES for cut in cuts(mode, every_other, (1,))]
+            for dtype in DTYPES for mode in b.HIGH_MODES for cut in cuts(mode, EVERY_OTHER, (1,))]
     rows += [Row(f"sampled siblings: 7 and 3 and 2 far from p {mode}{label('block_v', block_v)}", F32, b.sampled_star,
                  dict(mode=mode, tiles=tiles(tier, block_v=block_v)), checked)
              for mode in STAR_MODES for block_v in tier["star_block_vs"]]
@@ -279,5 +277,9 @@ def _gpu_sampling_rows(tier):
 
 
 def tree_verify_cases(profile, device):
-    return (cases("tree_greedy_verify", run_greedy, _greedy_rows(profile), device)
-            + cases("tree_rejection_sample", run_rejection, _sampling_rows(profile), device))
+    tier = TIERS[profile]
+    greedy, sampling = _greedy_rows(tier), _sampling_rows(tier) + _sampled_sibling_rows(tier)
+    if tier["gpu_rows"]:
+        greedy, sampling = greedy + _gpu_greedy_rows(tier), sampling + _gpu_sampling_rows(tier)
+    return (cases("tree_greedy_verify", run_greedy, greedy, device)
+            + cases("tree_rejection_sample", run_rejection, sampling, device))
