@@ -181,10 +181,12 @@ class _TraversalCoins:
         self.node = rng.philox_uniform(self.seeds.unsqueeze(1), self.offsets.unsqueeze(1) + depths - 1,
                                        self.row_key.unsqueeze(1), rng.SALT_ACCEPT, rank)
 
-    def final(self, b: int, depth: int) -> torch.Tensor:
+    def final(self, depths: torch.Tensor) -> torch.Tensor:
+        """[B] float64: each row's final draw, depths [B] the accepted depths (one call for the batch: a
+        counter-based draw per row costs more than the walk)."""
         if self.uniforms is not None:
-            return self.node[b, 0]
-        return rng.philox_uniform(self.seeds[b], self.offsets[b] + depth, self.row_key[b], rng.SALT_FINAL)
+            return self.node[:, 0]
+        return rng.philox_uniform(self.seeds, self.offsets + depths, self.row_key, rng.SALT_FINAL)
 
 
 def tree_traversal_sample(target_probs, draft_probs, tree_tokens, parents, *, max_depth: int, uniforms=None,
@@ -216,15 +218,19 @@ def tree_traversal_sample(target_probs, draft_probs, tree_tokens, parents, *, ma
     out_tokens = torch.full((batch, max_depth + 1), -1, dtype=torch.int64, device=tree_tokens.device)
     accepted_nodes = out_tokens.clone()
     num_accepted = torch.zeros(batch, dtype=torch.int64, device=tree_tokens.device)
+    residuals, targets = [], []  # per row: float64 [V] of the final draw, and the accepted node's p [V]
     for b in range(batch):
         tree = TraversalTree(target_probs[b], draft_probs[b], tree_tokens[b], children[b], depths[b], max_depth,
                              siblings)
         path, pi = traverse(tree, lambda node, alpha, b=b: bool(coins.node[b, node] < alpha))
-        last, depth = path[-1], len(path) - 1
-        token = sample_with_fallback(final_weights(pi).unsqueeze(0), to_weights(tree.p[last]).unsqueeze(0),
-                                     coins.final(b, depth).reshape(1))
+        depth = len(path) - 1
+        residuals.append(pi)
+        targets.append(tree.p[path[-1]])
         accepted_nodes[b, :depth + 1] = torch.tensor(path, device=tree_tokens.device)
         out_tokens[b, :depth] = tree_tokens[b, path[1:]]
-        out_tokens[b, depth] = token[0]
         num_accepted[b] = depth
+    if batch:
+        tokens = sample_with_fallback(final_weights(torch.stack(residuals)), to_weights(torch.stack(targets)),
+                                      coins.final(num_accepted))  # [B]
+        out_tokens.scatter_(1, num_accepted.unsqueeze(1), tokens.unsqueeze(1))
     return out_tokens, num_accepted, accepted_nodes
