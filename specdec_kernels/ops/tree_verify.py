@@ -21,6 +21,8 @@ from ..reference.tree_verify import SIBLINGS
 from ..common import validate as check
 from ..common.registry import custom_op, implementation, register, resolve
 
+VERIFICATIONS = ("token", "traversal")  # tree_rejection_sample's rules: top-down per node, or leaves-first walk
+
 
 def _tree_fake(tree_tokens: Tensor, max_depth: int):
     batch = tree_tokens.shape[0]
@@ -82,24 +84,27 @@ def tree_greedy_verify(target_logits: Tensor, tree_tokens: Tensor, parents: Tens
 @custom_op("specdec::tree_rejection_sample", mutates_args=())
 def _tree_rejection_sample_op(target_probs: Tensor, draft_probs: Tensor, tree_tokens: Tensor, parents: Tensor,
                               max_depth: int, uniforms: Optional[Tensor], seed: Optional[int], seeds: Optional[Tensor],
-                              offsets: Optional[Tensor], backend: str,
-                              siblings: str = "independent") -> tuple[Tensor, Tensor, Tensor]:
-    return implementation("tree_rejection_sample", backend)(
-        target_probs, draft_probs, tree_tokens, parents, max_depth=max_depth, uniforms=uniforms,
-        seed=seed if seeds is None else seeds, offsets=offsets, siblings=siblings)
+                              offsets: Optional[Tensor], backend: str, siblings: str = "independent",
+                              verification: str = "token") -> tuple[Tensor, Tensor, Tensor]:
+    # traversal has no kernel yet: the public function resolved it to torch, and its reference runs here
+    rule = reference.tree_traversal_sample if verification == "traversal" else implementation(
+        "tree_rejection_sample", backend)
+    return rule(target_probs, draft_probs, tree_tokens, parents, max_depth=max_depth, uniforms=uniforms,
+                seed=seed if seeds is None else seeds, offsets=offsets, siblings=siblings)
 
 
 @_tree_rejection_sample_op.register_fake
 def _(target_probs, draft_probs, tree_tokens, parents, max_depth, uniforms, seed, seeds, offsets, backend,
-      siblings="independent"):
+      siblings="independent", verification="token"):
     return _tree_fake(tree_tokens, max_depth)
 
 
 def tree_rejection_sample(target_probs: Tensor, draft_probs: Tensor, tree_tokens: Tensor, parents: Tensor, *,
                           uniforms: Tensor | None = None, seed: int | Tensor | None = None,
                           offsets: Tensor | None = None, max_depth: int | None = None,
-                          siblings: str = "independent", backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
-    """Multi-draft speculative sampling over a token tree (lossless).
+                          siblings: str = "independent", verification: str = "token",
+                          backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    """Multi-draft speculative sampling over a token tree (lossless), token-level or by traversal.
 
     At each node the children are tried in index order: child c (token x, drawn from
     q_c = draft_probs[b, c]) is accepted with probability min(1, r(x) / q_c(x)), where r
@@ -125,6 +130,14 @@ def tree_rejection_sample(target_probs: Tensor, draft_probs: Tensor, tree_tokens
     as given, like rejection_sample; later ones q_v's weights over their total T less the
     rejected siblings' weights. decoding/draft_tree.py drafts such trees (siblings="sampled").
 
+    verification="traversal" (Weng et al., NeurIPS 2025): the tree is walked leaves first, each node
+    tested once with a sequence-level acceptance level, a rejected child moving its parent to the
+    sequence residual, so a path can be kept whose prefix the top-down rule would have rejected.
+    Lossless for both sibling rules; on a chain it is block verification (same outputs on the same
+    coins). The rule and its coins: reference/traversal_verification.py. Only the torch backend
+    has it for now, as the reference: a host-side float64 loop per row (it reads the tree on the host,
+    so a CUDA graph cannot capture it); backend "auto" picks torch, "triton" and "cuda" refuse it.
+
     Args:
         target_probs: [B, N, V] float32/float16/bfloat16, the target distribution at each node.
         draft_probs: [B, N, V], same dtype: siblings="independent": row c is the distribution
@@ -140,11 +153,16 @@ def tree_rejection_sample(target_probs: Tensor, draft_probs: Tensor, tree_tokens
             max_depth + 1 after every call, never by the accepted depth alone (common/rng.py).
         max_depth: int >= 0 (default: the tree depth).
         siblings: "independent" (default) | "without_replacement", how siblings were drawn.
+        verification: "token" (default, the rule above) | "traversal". Traversal's coins: node c's
+            is uniforms column c, or seeded the counter offsets[b] + depth(c) - 1 with extra word
+            c - depth(c); the final draw is column 0, or offsets[b] + the accepted depth.
 
     Returns:
         output_tokens [B, D+1], num_accepted [B], accepted_nodes [B, D+1] (int64).
     """
     op = "tree_rejection_sample"
+    if verification not in VERIFICATIONS:
+        check.fail(op, f"`verification` must be one of {VERIFICATIONS} (got {verification!r})")
     if siblings not in SIBLINGS:
         check.fail(op, f"`siblings` must be one of {SIBLINGS} (got {siblings!r})")
     batch, n, vocab, max_depth = _check_tree(op, target_probs, "target_probs", tree_tokens, parents, max_depth)
@@ -153,9 +171,19 @@ def tree_rejection_sample(target_probs: Tensor, draft_probs: Tensor, tree_tokens
     check.same_dtype(op, ("target_probs", "draft_probs"), target_probs, draft_probs)
     check.randomness(op, uniforms, seed, offsets, shape=(batch, n), batch=batch, device=device)
     seed_int, seeds = check.split_seed(seed)
+    if verification == "traversal":
+        backend = _traversal_backend(op, backend)
     backend = resolve(op, backend, device, sizes=dict(B=batch, N=n, V=vocab, depth=max_depth, dtype=target_probs.dtype))
     return _tree_rejection_sample_op(target_probs, draft_probs, tree_tokens, parents, max_depth, uniforms, seed_int,
-                                     seeds, offsets, backend, siblings)
+                                     seeds, offsets, backend, siblings, verification)
+
+
+def _traversal_backend(op: str, backend: str) -> str:
+    """The backend traversal verification runs on: torch, the only one with the rule so far."""
+    if backend in ("triton", "cuda"):
+        check.fail(op, f"verification='traversal' has no kernel yet on the {backend!r} backend (the torch "
+                       "backend runs it: backend='torch' or 'auto')")
+    return "torch" if backend == "auto" else backend
 
 
 register("tree_greedy_verify", "torch", reference.tree_greedy_verify)
