@@ -249,8 +249,9 @@ def test_bad_options_and_partners_are_refused_in_one_line(pair):
         specdec_kernels.generate(target, ids, draft_model=head, num_draft_tokens=0, **run)
     with pytest.raises(ValueError, match=r"`tree_siblings` applies to trees"):
         specdec_kernels.generate(target, ids, draft_model=head, tree_siblings="top", **run)
-    with pytest.raises(ValueError, match=r"`verification` applies to chains"):
-        specdec_kernels.generate(target, ids, draft_model=head, verification="token", **TREE, **run)
+    with pytest.raises(ValueError, match=r"`verification` of a token tree must be one of 'token', 'traversal' "
+                                         r"\(block verification is for chains\)"):
+        specdec_kernels.generate(target, ids, draft_model=head, verification="block", **TREE, **run)
     with pytest.raises(ValueError, match=r"`tree_nodes` must be <="):
         specdec_kernels.generate(target, ids, draft_model=head, num_draft_tokens=2, tree_topk=2, tree_nodes=99, **run)
     shallow = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -7,6 +7,7 @@ exactly what a plain forward over the committed tokens writes; the tree is well 
 the chain; bad K / N fail with one line naming them."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -239,7 +240,7 @@ def test_sampled_siblings_use_the_without_replacement_rule(sampling_models, monk
     assert len(graph_keys) == 2
 
 
-def no_residual(target_probs, draft_probs, tokens, parents, *, max_depth, seed, offsets, backend):
+def no_residual(target_probs, draft_probs, tokens, parents, *, max_depth, seed, offsets, backend, verification="token"):
     """A deliberately wrong tree rule: every sibling is tested against p itself (u < p(x)) and the
     final token is drawn from p, i.e. no residual update after a rejected sibling."""
     gen = torch.Generator().manual_seed(11)
@@ -317,11 +318,16 @@ def test_default_is_the_chain(sampling_models, monkeypatch):
     (dict(tree_topk=100), "`tree_topk`=100 exceeds the vocabulary"),
     (dict(tree_topk=2, tree_siblings="random"), "`tree_siblings` must be one of 'top', 'sampled'"),
     (dict(tree_siblings="sampled"), "`tree_siblings` applies to token trees"),
-    (dict(tree_topk=2, verification="block"), "`verification` applies to chains"),
+    (dict(tree_topk=2, verification="block"), "`verification` of a token tree must be one of 'token', 'traversal' "
+                                              "(block verification is for chains)"),
+    (dict(tree_topk=2, verification="traverse"), "`verification` of a token tree must be one of 'token', 'traversal' "
+                                                 "(got 'traverse')"),
+    (dict(tree_topk=2, verification="traversal", do_sample=True, backend="triton"),
+     "generate: verification='traversal' has no kernel yet on the 'triton' backend"),
 ])
 def test_bad_tree_options_fail_with_one_line(sampling_models, options, message):
     target, draft = sampling_models
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("*", r"\*")) as error:
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
         specdec_kernels.generate(target, torch.tensor([PROMPT]), strategy="speculative", draft_model=draft,
                                  num_draft_tokens=3, max_new_tokens=2, **options)
     assert "\n" not in str(error.value)

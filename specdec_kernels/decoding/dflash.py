@@ -42,7 +42,8 @@ class DFlashDrafter(Drafter):
     Args:
         draft_model: the DFlash assistant (`AutoModel` of a `muse_glimmer_assistant` checkpoint), hidden_size the
             target's; it drafts block_size - 1 tokens per step with the target's embedding and LM head.
-        verification: sampled chains: "block" (default) or "token" (see strategy speculative).
+        verification: sampled chains: "block" (default; "traversal" is the same rule on a chain) or "token"
+            (see strategy speculative).
     """
 
     name = "dflash"

@@ -12,7 +12,8 @@ with the tokens one place to their right (the accepted drafts and the correction
           level (cumulative draft log-probability, EAGLE-2) and keeps the best tree_nodes; each tree forward
           feeds every node with its parent's output state. The held-back pair is committed after the verdict.
 Verification is the engine's: exact match when greedy; sampling: chain rejection sampling (block or token)
-with the drafts' q, or tree rejection sampling (sampled or top siblings), so the output is the target's.
+with the drafts' q, or tree rejection sampling (sampled or top siblings; token-level or traversal), so the
+output is the target's.
 """
 
 import torch
@@ -25,7 +26,7 @@ from .engine import OP, weight_addresses
 from .hidden_states import FINAL_NORM
 from .standardize import draft_token
 from .step import Proposal, StepPlan
-from .verifier import SIBLINGS, Verification, chain_rule
+from .verifier import DEFAULT_SIBLINGS, SIBLINGS, Verification, chain_rule, tree_rule
 
 
 def _head(draft_model):
@@ -47,7 +48,8 @@ class EagleDecoder(Drafter):
         num_draft_tokens: drafts per step (a chain), or the tree's depth.
         tree_topk, tree_nodes: a dynamic tree of tree_nodes nodes, tree_topk children per expanded node
             (defaults 1 and num_draft_tokens: the chain).
-        verification: sampled chains: "block" (default) or "token" (see strategy speculative).
+        verification: sampled chains: "block" (default) or "token"; sampled trees: "token" (default) or
+            "traversal" (on a chain, "traversal" is "block"; see strategy speculative).
         tree_siblings: sampled trees: "sampled" (default) or "top".
     """
 
@@ -68,12 +70,11 @@ class EagleDecoder(Drafter):
             self.verification = Verification(chain=chain_rule(verification))
             self.max_width = depth
         else:
-            if verification is not None:
-                check.fail(OP, "`verification` applies to chains (a tree verifies node by node: see tree_siblings)")
+            rule = tree_rule(verification)
             if tree_siblings is not None and tree_siblings not in SIBLINGS:
                 check.fail(OP, f"`tree_siblings` must be one of {', '.join(map(repr, SIBLINGS))} "
                                f"(got {tree_siblings!r})")
-            self.verification = Verification(siblings=tree_siblings) if tree_siblings else Verification()
+            self.verification = Verification(tree=rule, siblings=tree_siblings or DEFAULT_SIBLINGS)
             # the step feeds up to max_width + 1 committed pairs, then up to draft_nodes tree nodes
             self.max_width = max(self.tree.nodes, self.tree.draft_nodes)
 

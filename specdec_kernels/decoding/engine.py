@@ -128,8 +128,9 @@ class Engine:
             pad_token_id = getattr(getattr(target, "generation_config", None), "pad_token_id", None)
         self.pad = int(pad_token_id if pad_token_id is not None else (self.eos[0] if self.eos else 0))
         self.eos_ids = torch.tensor(self.eos or [-1], dtype=torch.int64, device=self.device)
-        if cuda_graphs is None:  # a drafter whose caches grow each step (dflash) runs eagerly
-            cuda_graphs = graphs_supported(self.device, backend) and not getattr(drafter, "eager_only", False)
+        if cuda_graphs is None:  # a drafter whose caches grow each step (dflash), or traversal's host loop: eager
+            cuda_graphs = (graphs_supported(self.device, backend) and not getattr(drafter, "eager_only", False)
+                           and (drafter.verification.capturable or not sampling.do_sample))
         cuda_graphs = bool(cuda_graphs)
         self.input_ids = input_ids.to(self.device)
         mask = None if attention_mask is None else attention_mask.to(self.device)

@@ -20,7 +20,7 @@ from .lookup_cache import LookupCache
 from .lookup_match import chain, scan
 from .lookup_tree import tree
 from .step import Proposal, StepPlan
-from .verifier import Verification, chain_rule
+from .verifier import Verification, chain_rule, tree_rule
 
 MATCHES = ("first", "recent")
 
@@ -36,7 +36,8 @@ class LookupDecoder(Drafter):
             default 3 here, 2 in HF; HF's shortest is 1).
         tree_nodes: 0 (default): a chain; N > 0: a token tree of N nodes from every earlier occurrence.
         match: the chain's occurrence: "first" (default, as HF) or "recent".
-        verification: sampled chains: "block" (default) or "token" (see strategy speculative).
+        verification: sampled chains: "block" (default) or "token"; sampled trees: "token" (default) or
+            "traversal" (on a chain, "traversal" is "block"; see strategy speculative).
         lookup_cache: a LookupCache of earlier outputs to draft from too; this call's outputs are added
             to it at the end.
     """
@@ -61,11 +62,9 @@ class LookupDecoder(Drafter):
         if match is not None and self.nodes:
             check.fail(OP, "`match` picks the chain's occurrence; a tree (tree_nodes > 0) uses all of them")
         self.match = match or "first"
-        chain_form = chain_rule(verification)
-        if verification is not None and self.nodes:
-            check.fail(OP, "`verification` applies to chains (a token tree verifies node by node)")
         # copied drafts are one-hot (no q); a tree's copied siblings are deterministic
-        self.verification = Verification(chain=chain_form, siblings="top")
+        rule = dict(tree=tree_rule(verification)) if self.nodes else dict(chain=chain_rule(verification))
+        self.verification = Verification(**rule, siblings="top")
         if lookup_cache is not None and not isinstance(lookup_cache, LookupCache):
             check.fail(OP, f"`lookup_cache` must be a specdec_kernels.LookupCache (got {type(lookup_cache).__name__})",
                        TypeError)

@@ -64,7 +64,8 @@ class MtpDrafter(Drafter):
 
     Args:
         num_draft_tokens: drafts per step (default: the model's num_mtp_layers, as HF's use_mtp).
-        verification: sampled chains: "block" (default) or "token" (see strategy speculative).
+        verification: sampled chains: "block" (default; "traversal" is the same rule on a chain) or "token"
+            (see strategy speculative).
         mtp_model: the target's transformers MtpModel, if already loaded (default: loaded from the
             target's checkpoint with MtpModel.from_pretrained(target)).
     """

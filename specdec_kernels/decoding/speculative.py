@@ -2,10 +2,11 @@
 in one forward. Two drafters behind one name, picked by the tree options in SpeculativeDecoder.__new__:
 
   ChainSpeculative  g drafts in a row, verified as a chain: greedy match, block verification (sampling, the
-                    default) or token-wise rejection sampling (verification="token"); lenience < 1 is the
-                    paper's lossy Appendix A.5.
+                    default; verification="traversal" is the same rule on a chain) or token-wise rejection
+                    sampling (verification="token"); lenience < 1 is the paper's lossy Appendix A.5.
   TreeSpeculative   tree_topk > 1 or tree_nodes != num_draft_tokens: a token tree of N nodes (draft_tree.py),
-                    verified node by node; both caches keep the accepted path.
+                    verified node by node (sampling: top-down, or leaves first with verification="traversal");
+                    both caches keep the accepted path.
 
 Every setting with lenience 1 is lossless: greedy output is the target's greedy decoding, sampled output
 follows the target's (standardised) distribution. The options, and why the defaults are what they are:
@@ -22,7 +23,7 @@ from . import draft_tree
 from .draft_model import TwoModelDrafter
 from .engine import OP, Engine, weight_addresses
 from .step import Accepted, Proposal, StepPlan
-from .verifier import SIBLINGS, Verification, chain_rule
+from .verifier import DEFAULT_SIBLINGS, SIBLINGS, Verification, chain_rule, tree_rule
 
 
 class SpeculativeDecoder(TwoModelDrafter):
@@ -117,8 +118,7 @@ class TreeSpeculative(SpeculativeDecoder):
     and the N nodes of highest cumulative draft probability are verified in one forward."""
 
     def check_options(self, verification: str | None, tree_siblings: str | None) -> None:
-        if verification is not None:
-            check.fail(OP, "`verification` applies to chains (a token tree verifies node by node: see tree_siblings)")
+        rule = tree_rule(verification)
         if self.schedule != "constant":
             check.fail(OP, "`schedule` must be 'constant' with a token tree (tree_topk > 1 or tree_nodes != "
                            f"num_draft_tokens; got {self.schedule!r})")
@@ -127,7 +127,7 @@ class TreeSpeculative(SpeculativeDecoder):
                            f"(got {tree_siblings!r})")
         if self.lenience != 1:
             check.fail(OP, f"`lenience` must be 1 with a token tree (tree verification is exact; got {self.lenience})")
-        self.verification = Verification(siblings=tree_siblings) if tree_siblings else Verification()
+        self.verification = Verification(tree=rule, siblings=tree_siblings or DEFAULT_SIBLINGS)
         # a step writes N + 1 target and up to 1 + (DEPTH - 1) * K draft entries past the committed ones
         self.max_width = max(self.tree.nodes, self.tree.draft_nodes)
 

@@ -7,7 +7,8 @@ sampler serves every proposer). What decides which op runs:
 
   no drafts                 argmax, or one draw from the target's row (plain steps)
   a tree (parents given)    greedy: tree_greedy_verify; sampling: tree_rejection_sample, against
-                            the q of sampled siblings or one-hot for deterministic ones
+                            the q of sampled siblings or one-hot for deterministic ones, token-level
+                            or by traversal (tree="token" | "traversal")
   a chain, rule "exact"     greedy: greedy_verify (relaxed_verify for lenience < 1); sampling:
                             block_verify or rejection_sample (chain="block" | "token"), one-hot
                             where the drafter gives no q
@@ -34,6 +35,8 @@ from .step import Accepted, Proposal
 OP = "generate"
 RULES = ("exact", "relaxed", "bild")
 CHAIN_RULES = ("block", "token")  # how a sampled chain is verified
+TREE_RULES = ("token", "traversal")  # how a sampled tree is verified: top-down per node, or leaves first
+TRAVERSAL = "traversal"  # a drafter's `verification` for trees; on a chain it is block verification
 SIBLINGS = ("top", "sampled")  # how a sampled tree's siblings were drawn: deterministic top-K, or from q
 ROLLBACK_RULES = ("nll", "exact")  # BiLD: -log p past the threshold, or any draft that is not the argmax
 DEFAULT_CHAIN_RULE = "block"  # why: docs/strategies/speculative.md "Verification rules"; bench/results/verification_chains_cpu.md
@@ -42,11 +45,24 @@ ACCEPT_ALL = 3.0e38  # a BiLD rollback threshold no -log p exceeds: keep every d
 
 
 def chain_rule(value: str | None, *, option: str = "verification") -> str:
-    """A drafter's sampled-chain option checked: "block" (the default, for None) or "token"."""
-    if value is None:
+    """A drafter's sampled-chain option checked: "block" (the default, for None) or "token"; "traversal"
+    is block verification on a chain (the same outputs on the same coins), so it maps to "block"."""
+    if value is None or value == TRAVERSAL:
         return DEFAULT_CHAIN_RULE
     if value not in CHAIN_RULES:
-        check.fail(OP, f"`{option}` must be one of {', '.join(map(repr, CHAIN_RULES))} (got {value!r})")
+        check.fail(OP, f"`{option}` must be one of {', '.join(map(repr, (*CHAIN_RULES, TRAVERSAL)))} "
+                       f"(got {value!r})")
+    return value
+
+
+def tree_rule(value: str | None, *, option: str = "verification") -> str:
+    """A tree drafter's sampled-tree option checked: "token" (the default, for None) or "traversal"."""
+    if value is None:
+        return TREE_RULES[0]
+    if value not in TREE_RULES:
+        chains_only = " (block verification is for chains)" if value == "block" else ""
+        check.fail(OP, f"`{option}` of a token tree must be one of {', '.join(map(repr, TREE_RULES))}{chains_only} "
+                       f"(got {value!r})")
     return value
 
 
@@ -57,6 +73,8 @@ class Verification:
     rule: "exact" (lossless), "relaxed" (SpecDec: top_beta, tau) or "bild" (rollback_threshold,
         rollback_rule, keep_matching_run, trust_draft_eos).
     chain: sampled chains, "block" (block verification) or "token" (token-wise rejection sampling).
+    tree: sampled trees, "token" (token-level, top-down) or "traversal" (Weng et al. 2025, leaves first;
+        the torch backend only for now, a host-side loop per row: no CUDA graphs).
     siblings: sampled trees, "sampled" (children drawn without replacement from the q the proposal
         carries) or "top" (deterministic children: verified as one-hot drafts).
     lenience: rule "exact", chains: accept x when p(x) >= lenience * max p (greedy), or against
@@ -68,6 +86,7 @@ class Verification:
 
     rule: str = "exact"
     chain: str = DEFAULT_CHAIN_RULE
+    tree: str = TREE_RULES[0]
     siblings: str = DEFAULT_SIBLINGS
     lenience: float = 1.0
     top_beta: int = 1
@@ -79,7 +98,7 @@ class Verification:
 
     def __post_init__(self):
         for name, value, allowed in (("rule", self.rule, RULES), ("chain", self.chain, CHAIN_RULES),
-                                     ("siblings", self.siblings, SIBLINGS),
+                                     ("tree", self.tree, TREE_RULES), ("siblings", self.siblings, SIBLINGS),
                                      ("rollback_rule", self.rollback_rule, ROLLBACK_RULES)):
             if value not in allowed:
                 raise ValueError(f"Verification: `{name}` must be one of {allowed} (got {value!r})")
@@ -87,6 +106,12 @@ class Verification:
     def tree_siblings(self, sampling: Sampling) -> str:
         """How a tree's children are drawn in this call: "sampled" only when sampling asks for draws."""
         return "sampled" if self.siblings == "sampled" and sampling.do_sample else "top"
+
+    @property
+    def capturable(self) -> bool:
+        """Whether a CUDA graph can capture a sampled verify step: not with traversal's per-row host loop
+        (greedy steps do not use it)."""
+        return self.tree != TRAVERSAL
 
     @property
     def lossless(self) -> bool:
@@ -97,9 +122,13 @@ class Verification:
 
 class Verifier:
     """One call's verifier: `verifier(proposal, logits, rows)` -> Accepted. Sync-free and shape-static
-    (it runs inside the captured verify step)."""
+    (it runs inside the captured verify step), but for sampled trees verified by traversal (for now a
+    host loop: the engine keeps CUDA graphs off for them)."""
 
     def __init__(self, verification: Verification, sampling: Sampling, backend: str, eos_ids: Tensor):
+        if verification.tree == TRAVERSAL and sampling.do_sample and backend in ("triton", "cuda"):
+            check.fail(OP, f"verification='traversal' has no kernel yet on the {backend!r} backend (the torch "
+                           "backend runs it: backend='torch' or 'auto')")
         self.verification, self.sampling, self.backend, self.eos_ids = verification, sampling, backend, eos_ids
 
     def __call__(self, proposal: Proposal, logits: Tensor, rows: "Rows") -> Accepted:
@@ -156,7 +185,8 @@ class Verifier:
         """A token tree node by node, `rows.depth` levels deep. Greedy: the longest path matching the
         target's argmax. Sampling: top-K (or copied) siblings are deterministic, so each is verified
         as a one-hot draft; sampled siblings against the q they were drawn from, less the siblings
-        already rejected. Either way the residual after each rejected sibling keeps the target's law."""
+        already rejected. Either way the residual after each rejected sibling keeps the target's law,
+        top-down node by node (tree "token") or leaves first with sequence-level levels ("traversal")."""
         tokens = torch.cat([rows.root.unsqueeze(1), proposal.tokens], dim=1)
         parents, depth = proposal.parents, rows.depth
         if not self.sampling.do_sample:
@@ -167,10 +197,11 @@ class Verifier:
                 check.fail(OP, "a tree of sampled siblings needs the q its children were drawn from (Proposal.probs)")
             return Accepted(*ops.tree_rejection_sample(
                 target_probs, proposal.probs, tokens, parents, seed=rows.seeds, offsets=rows.cursor,
-                max_depth=depth, siblings="without_replacement", backend=self.backend))
+                max_depth=depth, siblings="without_replacement", verification=self.verification.tree,
+                backend=self.backend))
         return Accepted(*ops.tree_rejection_sample(target_probs, one_hot(tokens, target_probs), tokens, parents,
                                                    seed=rows.seeds, offsets=rows.cursor, max_depth=depth,
-                                                   backend=self.backend))
+                                                   verification=self.verification.tree, backend=self.backend))
 
     def bild(self, proposal: Proposal, logits: Tensor, rows: "Rows") -> Accepted:
         """BiLD's rules (LOSSY): roll back from the first draft the large model finds too unlikely
