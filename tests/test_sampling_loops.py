@@ -2,13 +2,17 @@
 
 One prompt repeated over 24,000 rows of sampling_support.loop_pair (vocabulary 10, low acceptance), two
 new tokens each, and Pearson's chi-square of their joint against the exact law: the target's for the
-lossless paths (plain, token-wise and block chains, trees with top and sampled siblings, HF's
-custom_generate, lookup's chains and trees), the procedure's own for BiLD (lossy, but a fixed law per
-context). Lookup drafts from the text, so its paths start from LOOKUP_PROMPT, whose last token occurred
-twice before with different successors: the first step drafts the first continuation (a chain, as HF's
-prompt lookup) or both (a tree of two siblings, each rejected one removed from the residual), the later ones
-whatever the new tokens repeat (the random 10-token vocabulary makes that frequent); g + 1 new tokens, so the
-budget leaves room for g drafts in the first step, and the first two are tested. With g >= 2 the second token
+lossless paths (plain, token-wise and block chains, trees with top and sampled siblings, verified
+token-level or by traversal, HF's custom_generate, lookup's chains and trees), the procedure's own for
+BiLD (lossy, but a fixed law per context). Traversal runs the reference's per-row walk (no kernel yet), so
+its trees get TRAVERSAL_ROWS rows, enough for these tests and their mutations (p = 0.2-0.7 lossless,
+p < 1e-30 with frozen draws or with the rule's mutation below, measured at 6,000-8,000 rows).
+
+Lookup drafts from the text, so its paths start from LOOKUP_PROMPT, whose last token occurred twice before
+with different successors: the first step drafts the first continuation (a chain, as HF's prompt lookup) or
+both (a tree of two siblings, each rejected one removed from the residual), the later ones whatever the new
+tokens repeat (the random 10-token vocabulary makes that frequent); g + 1 new tokens, so the budget leaves
+room for g drafts in the first step, and the first two are tested. With g >= 2 the second token
 often comes from a second step, so a step that reuses randomness an earlier step examined shows here.
 
 Each path also runs under the mutations that bring such reuse back, and must fail there:
@@ -16,9 +20,11 @@ Each path also runs under the mutations that bring such reuse back, and must fai
     fix. Block verification examines every coin and draft of its block, so its next step reuses
     uniforms it was conditioned on (block and custom_generate, whose default is block, fail).
     Token-wise chains, top-K trees, BiLD and plain sampling decide nothing from draws past the prefix
-    they keep, so they are unaffected. Sampled-sibling trees are affected only in principle (a deeper
-    level's draws can change which shallower siblings make the tree): 240,000 rows of five tree shapes
-    under this mutation gave p = 0.51-0.66, so no test here can show it.
+    they keep, so they are unaffected. Traversal tests deeper coins first and could be affected, but
+    6,000 rows of top-K trees under this mutation gave p = 0.96: not tested. Sampled-sibling trees are
+    affected only in principle (a deeper level's draws can change which shallower siblings make the
+    tree): 240,000 rows of five tree shapes under this mutation gave p = 0.51-0.66, so no test here can
+    show it.
   * "frozen": the cursor never moves, every step draws the same uniforms: every path must see it.
 
 Last, the ops' seeded contract (docs/ops.md, "Seeding a loop") in a loop written with the ops alone:
@@ -33,6 +39,7 @@ import specdec_kernels
 from specdec_kernels import custom_generate, ops
 from specdec_kernels.decoding.engine import Engine
 from specdec_kernels.decoding.standardize import draw
+from specdec_kernels.reference import traversal_verification
 
 from hf_support import one_thread
 from sampling_support import (LOOP_PROMPT, LOOP_ROWS, chained_joint, exact_joint, joint_pvalue, loop_ids, loop_joint,
@@ -42,6 +49,8 @@ SEED = 1234
 CHAINS = [(1, 1.0), (2, 1.0), (4, 1.0), (2, 0.6), (4, 0.6)]  # (g, T)
 LOOPS = [(2, 1.0), (4, 1.0), (2, 0.6), (4, 0.6)]
 TREE_NODES = {2: 4, 4: 8}  # tree_topk=2: 4 of the 6 candidates at depth 2, 8 of 14 at depth 4
+TRAVERSAL_ROWS = 8_000  # the reference walk costs ~0.5 ms per row and step on one CPU core
+TRAVERSALS = [(2, 1.0), (2, 0.6)]  # (g, T), both sibling rules; and one deeper tree, below
 # BiLD: the small model hands over below max q 0.5 and the large one rolls back past -log p 1.5:
 # on this pair both happen on a good share of rounds (the test asserts it)
 FALLBACK, ROLLBACK = 0.5, 1.5
@@ -67,7 +76,7 @@ MUTATIONS = {"position": cursor_at_position, "frozen": cursor_frozen}
 
 def generate(pair, path: str, g: int, temperature: float):
     target, draft = pair
-    ids = loop_ids()
+    ids = loop_ids(TRAVERSAL_ROWS if path.startswith("traversal") else LOOP_ROWS)
     common = dict(max_new_tokens=2, do_sample=True, temperature=temperature, seed=SEED, eos_token_id=[])
     if path.startswith("lookup"):  # room for g drafts in the first step
         ids, common["max_new_tokens"] = torch.tensor([LOOKUP_PROMPT]).repeat(LOOP_ROWS, 1), g + 1
@@ -92,6 +101,9 @@ def path_options(path: str, draft, g: int) -> dict:
         return dict(strategy="lookup", num_draft_tokens=g)
     if path == "lookup_tree":
         return dict(strategy="lookup", num_draft_tokens=g, tree_nodes=TREE_NODES[g])
+    if path.startswith("traversal_"):  # traversal_top, traversal_sampled
+        return dict(chain, tree_topk=2, tree_nodes=TREE_NODES[g], tree_siblings=path.removeprefix("traversal_"),
+                    verification="traversal")
     return dict(chain, tree_topk=2, tree_nodes=TREE_NODES[g], tree_siblings=path.removeprefix("tree_"))
 
 
@@ -147,6 +159,14 @@ def test_other_paths_follow_their_law(pair, path, g, temperature):
     assert p > 1e-3
 
 
+@pytest.mark.parametrize("g, temperature, siblings", [(g, t, s) for g, t in TRAVERSALS for s in ("top", "sampled")]
+                         + [(4, 0.6, "sampled")])
+def test_traversal_trees_follow_the_target(pair, g, temperature, siblings):
+    p, out = pvalue(pair, f"traversal_{siblings}", g, temperature)
+    assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens
+    assert p > 1e-3
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_plain_sampling_follows_the_target(pair, temperature):
     assert pvalue(pair, "plain", 0, temperature)[0] > 1e-3
@@ -157,10 +177,21 @@ def test_plain_sampling_follows_the_target(pair, temperature):
     ("frozen", "plain", 0, 1.0), ("frozen", "token", 2, 1.0), ("frozen", "block", 2, 1.0),
     ("frozen", "tree_top", 2, 1.0), ("frozen", "tree_sampled", 2, 1.0), ("frozen", "bild", 2, 1.0),
     ("frozen", "lookup", 2, 1.0), ("frozen", "lookup_tree", 2, 1.0),
+    ("frozen", "traversal_top", 2, 1.0),
 ])
 def test_reused_draws_fail_the_same_test(pair, monkeypatch, mutation, path, g, temperature):
     monkeypatch.setattr(Engine, "advance_cursor", MUTATIONS[mutation])
     assert pvalue(pair, path, g, temperature)[0] < 1e-6
+
+
+@pytest.mark.parametrize("path", ["traversal_top", "traversal_sampled"])
+def test_traversal_with_a_stale_level_fails_the_same_test(pair, monkeypatch, path):
+    """The rule's own mutation: a rejected child moves its parent to the sequence residual but leaves the
+    parent's acceptance level where it was (the level update is what keeps the walk lossless)."""
+    residual = traversal_verification.sequence_residual
+    monkeypatch.setattr(traversal_verification, "sequence_residual",
+                        lambda alpha, pi, q: (alpha, residual(alpha, pi, q)[1]))
+    assert pvalue(pair, path, 2, 1.0)[0] < 1e-6
 
 
 # ---------------------------------------------------------------- the ops' seeded contract, in a loop of their own
