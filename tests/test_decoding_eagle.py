@@ -21,7 +21,7 @@ from specdec_kernels.training.eagle3 import new_head, target_pass
 
 from decoding_support import left_padded
 from hf_support import one_thread
-from sampling_support import LOOP_ROWS, loop_ids, loop_joint, loop_pair, loop_pvalue
+from sampling_support import loop_ids, loop_joint, loop_pair, loop_pvalue
 
 NEW = 12
 VOCAB = 64

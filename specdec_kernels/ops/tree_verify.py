@@ -13,7 +13,6 @@ pass it for CUDA-graph capture).
 
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from .. import reference
