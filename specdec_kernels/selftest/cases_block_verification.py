@@ -1,17 +1,17 @@
-"""The block_verification family's catalog: block_verify and block_verify_logits. They take
-rejection sampling's inputs under the same contract (exact with uniforms and seeds; logits within
-the documented margin), so their edges are rejection sampling's (cases_rejection_sampling.py:
-PROBS_EDGES, LOGITS_EDGES), without its known answers; the random shapes add per-row temperatures
-on every other shape."""
+"""The block_verification family: block_verify and block_verify_logits. They take rejection
+sampling's inputs under the same contract (exact with uniforms and seeds; logits within the
+documented margin), so their edges are rejection sampling's without its known answers; the random
+shapes add per-row temperatures on every other shape."""
 
 import functools
 
 import torch
 
-from .chain_inputs import (CHAIN_OUTPUTS, Row, Section, catalog, probs_inputs, random_shape_variants,
-                           sampling_logits_inputs, seeded_probs_inputs)
-from .cases_rejection_sampling import LOGITS_EDGES, PROBS_EDGES, logits_rows, probs_rows
+from .cases_rejection_sampling import logits_edges, probs_edges
+from .chain_inputs import (CHAIN_OUTPUTS, chain_catalog, probs_inputs, random_shapes, sampling_logits_inputs,
+                           seeded_probs_inputs)
 from .compare import boundary_excused, exact, near_boundary_explains
+from .model import Row
 
 EXACT = exact(CHAIN_OUTPUTS)
 compare_block_logits = boundary_excused(functools.partial(near_boundary_explains, block=True))
@@ -43,15 +43,21 @@ def run_block_verify_logits(x, be):
     return ops.block_verify_logits(**x, backend=be)
 
 
-RANDOM = [((None,), [Section(variants=random_shape_variants, rows=(
-    Row("block_verify", "{shape} uniforms{suffix}", probs_inputs, run_block_verify, EXACT),
-    Row("block_verify", "{shape} seed+offsets{suffix}", seeded_probs_inputs, run_seeded_block_verify, EXACT),
-    Row("block_verify_logits", "{shape} T=0.8 uniforms{suffix}", block_logits_inputs, run_block_verify_logits,
-        compare_block_logits)))])]
+def _random_rows(profile):
+    entries = []
+    for s in random_shapes(profile):
+        entries += [("block_verify", run_block_verify,
+                     Row(f"{s.name} uniforms{s.suffix}", s.dtype, probs_inputs, s.settings, EXACT, s.graph)),
+                    ("block_verify", run_seeded_block_verify,
+                     Row(f"{s.name} seed+offsets{s.suffix}", s.dtype, seeded_probs_inputs, s.settings, EXACT, s.graph)),
+                    ("block_verify_logits", run_block_verify_logits,
+                     Row(f"{s.name} T=0.8 uniforms{s.suffix}", s.dtype, block_logits_inputs,
+                         dict(s.settings, index=s.index), compare_block_logits, s.graph))]
+    return entries
 
 
 def block_verification_cases(profile, device):
     """block_verify and block_verify_logits: the random shapes, then rejection sampling's edges."""
-    edges = probs_rows("block_verify", PROBS_EDGES, block=True) + logits_rows(
-        "block_verify_logits", LOGITS_EDGES, compare_block_logits, block=True)
-    return catalog(RANDOM, edges, profile, device)
+    edges = probs_edges("block_verify", profile, block=True) + logits_edges(
+        "block_verify_logits", profile, compare_block_logits, block=True)
+    return chain_catalog(_random_rows(profile), edges, profile, device)

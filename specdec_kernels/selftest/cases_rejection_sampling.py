@@ -1,27 +1,23 @@
-"""The rejection_sampling family's catalog: rejection_sample and rejection_sample_logits. Random
-shapes in every dtype, then edge cases: every randomness mode, crafted rows, strided inputs,
-out-of-range ids (through the backend itself), g = 0 and empty batches. Block verification takes
-the same inputs under the same contract, so cases_block_verification.py runs these edges too:
-PROBS_EDGES and LOGITS_EDGES hold one Edge per input set, probs_rows / logits_rows make it a
-Row of an op. Sizes in TIERS; "tiny" (the Triton interpreter) also thins the sweeps' settings."""
+"""The rejection_sampling family: rejection_sample and rejection_sample_logits. Random shapes in
+every dtype, then edges: every randomness mode, crafted rows, strided inputs, out-of-range ids
+(through the backend itself), g = 0, empty batches. Block verification takes the same inputs under
+the same contract: cases_block_verification.py runs probs_edges / logits_edges for its ops too."""
 
 import functools
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from .chain_inputs import (ADVERSARIAL_LOGITS_ROWS, CHAIN_OUTPUTS, EDGE_PROBS_ROWS, Row, Section, adversarial_logits,
-                           adversarial_probs, alternate_ragged, catalog, chunked, edge_probs, fuzz_probs,
-                           hostile_block_probs, keep_settings, probs_inputs, random_shape_variants,
-                           sampling_logits_inputs, sampling_modes, seeded_probs_inputs, sweep, sweep_structure, tiered)
-from .compare import chain_structure, compare_logits_sampling, exact
+from .chain_inputs import (ADVERSARIAL_LOGITS_ROWS, CHAIN_OUTPUTS, EDGE_PROBS_ROWS, adversarial_logits,
+                           adversarial_probs, alternate_ragged, chain_catalog, chunked, edge_probs, fuzz_probs,
+                           hostile_block_probs, keep_settings, probs_inputs, random_shapes, sampling_logits_inputs,
+                           sampling_modes, seeded_probs_inputs, sweep)
+from .compare import chain_structure, compare_logits_sampling, exact, with_checks
 from .inputs import ragged, random_probs, seeded_generator
-from .model import DTYPES
+from .model import DTYPES, Row
 
 F32 = torch.float32
 EXACT = exact(CHAIN_OUTPUTS)
-PROBS_STRUCTURE = sweep_structure("target_probs")
+PROBS_STRUCTURE = chain_structure("target_probs")
 LOGITS_STRUCTURE = chain_structure()
 PROBS_FUZZ = ((1, 0, 1, 0.3), (4, 4, 70, 0.2), (2, 3, 1, 0.0), (3, 2, 17, 0.3), (4, 1, 5, 0.05), (2, 4, 33, 0.1))
 GPU_PROBS_FUZZ = tuple((batch, g, vocab * 1000 + 1 if vocab > 8 else vocab, special)
@@ -37,7 +33,7 @@ TIERS = {  # the sizes of the edge cases: the Triton interpreter at "tiny", prod
     "strided": dict(tiny=300, quick=128256, full=128256),
     "small": dict(tiny=50, quick=32000, full=32000),
     "empty residual": dict(tiny=300, quick=128256, full=128256),
-    "expanded": dict(tiny=(), quick=128256, full=128256),
+    "expanded": dict(tiny=(), quick=(128256,), full=(128256,)),
     "probs fuzz": dict(tiny=PROBS_FUZZ, quick=GPU_PROBS_FUZZ, full=GPU_PROBS_FUZZ),  # (B, g, V, specials)
     # at "tiny": one shape per dtype (float32, float16, bfloat16)
     "logits modes": dict(tiny=((4, 3, 64), (3, 2, 300), (2, 2, 1)), quick=((3, 4, 32000),),
@@ -46,16 +42,6 @@ TIERS = {  # the sizes of the edge cases: the Triton interpreter at "tiny", prod
     "identical": dict(tiny=40, quick=32000, full=32000),
     "logits strided": dict(tiny=100, quick=128256, full=128256),
 }
-
-
-@dataclass(frozen=True)
-class Edge:
-    """One edge input set, run through the sampling op and the block verification op alike."""
-    name: str  # a str.format template over the section's variant
-    build: Callable
-    known: Callable | None = None  # known(out, accepted, inputs) of each setting: the sampling op's answers
-    direct: bool = False  # through the backend itself (ids >= V reach the kernel, as on a GPU)
-    block_on_cpu: bool = True  # False: too slow for the block kernel under the interpreter (a GPU runs it)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -411,109 +397,79 @@ def no_drafts_answers(out, accepted, x):
 
 
 # ---------------------------------------------------------------------------------------------
-# The tables: (dtypes, sections of Edges); None: the variants pick the dtype
+# The tables: (op, run, Row) entries
 
-def _shapes(tiers, key, profile, dtype):
-    return [dict(batch=batch, g=g, vocab=vocab) for batch, g, vocab in tiers[key][profile]]
-
-
-def adversarial_variants(profile, dtype):
-    """Under the interpreter: float32 only."""
-    vocabs = TIERS["adversarial"][profile] if profile != "tiny" or dtype == F32 else ()
-    return [dict(vocab=vocab) for vocab in vocabs]
-
-
-def probs_strided_variants(profile, dtype):
-    return [dict(vocab=TIERS["strided"][profile], layout=layout) for layout in ("sliced", "unaligned", "int32")]
-
-
-def probs_fuzz_variants(profile, dtype):
-    """Each fuzz shape in one dtype (rotating); the block kernel under the interpreter on the first two."""
-    return [dict(dtype=DTYPES[k % len(DTYPES)], batch=batch, g=g, vocab=vocab, special=special, k=k, block_on_cpu=k < 2)
-            for k, (batch, g, vocab, special) in enumerate(TIERS["probs fuzz"][profile])]
-
-
-def logits_mode_variants(profile, dtype):
-    shapes = TIERS["logits modes"][profile]
-    if profile == "tiny":
-        shapes = shapes[DTYPES.index(dtype):][:1]
-    return [dict(batch=batch, g=g, vocab=vocab) for batch, g, vocab in shapes]
-
-
-STRIDED = "{layout} target rows, position-major q, strided ids / counts / randomness V={vocab}"
+STRIDED = "{} target rows, position-major q, strided ids / counts / randomness V={}"
 HOSTILE = "hostile rows (p == q, no mass, NaN, inf q, one-hot q, -0.0 q, -1, id >= V; the backend itself)"
-FUZZ_NAME = "fuzz B={batch} g={g} V={vocab} specials={special}"
-
-PROBS_EDGES = [
-    (DTYPES, [
-        Section(variants=functools.partial(_shapes, TIERS, "probs modes"), rows=(
-            Edge("every mode x ragged B={batch} g={g} V={vocab}", probs_modes),)),
-        Section(variants=tiered(TIERS, "edge rows", "edge_name"), rows=(
-            Edge("{edge_name}", probs_edge_rows, known=probs_edge_answers, block_on_cpu=False),)),
-        Section(variants=adversarial_variants, rows=(
-            Edge("adversarial rows, ids -1 / >= V / < -1 (the backend itself) V={vocab}", probs_adversarial,
-                 direct=True, block_on_cpu=False),)),
-        Section(variants=probs_strided_variants, rows=(Edge(STRIDED, probs_strided),)),
-        Section(variants=tiered(TIERS, "small"), rows=(
-            Edge("g=0 V={vocab}", probs_no_drafts),
-            Edge("one-hot draft rows (n-gram drafts) V={vocab}", probs_one_hot))),
-        Section(rows=(Edge(HOSTILE, probs_hostile, direct=True),))]),
-    ((F32,), [
-        Section(rows=(
-            Edge("B=0", probs_empty),
-            Edge("int seeds Triton would specialise (1) or that need both key words", probs_int_seeds,
-                 block_on_cpu=False),
-            Edge("ids >= V or < -1 read nothing and reject (the backend itself)", probs_out_of_range,
-                 known=rejects_out_of_range, direct=True))),
-        Section(variants=tiered(TIERS, "empty residual"), rows=(
-            Edge("p == q, draft on a zero-probability id: an empty residual draws from p", probs_empty_residual,
-                 known=draws_from_p, block_on_cpu=False),)),
-        Section(variants=tiered(TIERS, "expanded"), rows=(Edge("expanded (stride 0) batch", probs_expanded),))]),
-    ((None,), [Section(variants=probs_fuzz_variants, rows=(Edge(FUZZ_NAME, probs_fuzz),))]),
-]
-
-LOGITS_EDGES = [
-    (DTYPES, [
-        Section(variants=logits_mode_variants, rows=(
-            Edge("every mode x ragged x T 1 / 0.6 / 1.7 / per row, -1 drafts B={batch} g={g} V={vocab}",
-                 logits_modes),)),
-        Section(variants=tiered(TIERS, "logits adversarial"), rows=(
-            Edge("adversarial rows (NaN / inf / -inf / huge / p == q / NaN q / NaN bonus)", logits_adversarial,
-                 known=logits_adversarial_answers),)),
-        Section(variants=tiered(TIERS, "identical"), rows=(
-            Edge("identical logits, drafts on -inf ids: an empty residual draws from p", logits_identical,
-                 known=identical_answers),)),
-        Section(variants=tiered(TIERS, "logits strided"), rows=(
-            Edge("strided / unaligned logits, position-major q, column-major ids, strided T / counts / seeds",
-                 logits_strided),))]),
-    ((torch.float16,), [Section(variants=tiered(TIERS, "small"), rows=(
-        Edge("g=0", logits_no_drafts, known=no_drafts_answers),))]),
-    ((F32,), [Section(rows=(Edge("B=0", logits_empty),))]),
-]
 
 
-def _block_runs(edge_on_cpu, profile, block_on_cpu=None):
-    """The block kernel runs an edge on a GPU, and under the interpreter unless the edge (or its variant) says not."""
-    return profile != "tiny" or (edge_on_cpu if block_on_cpu is None else block_on_cpu)
+def probs_edges(op, profile, block=False):
+    """The probabilities' edges as `op`'s rows: exact outputs and their structure, and the sampling op's known
+    answers; `block`: none, and under the interpreter not the edges too slow for the block kernel."""
+    entries = []
+
+    def edge(name, dtype, build, settings, known=None, direct=False, block_on_cpu=True):
+        if block and profile == "tiny" and not block_on_cpu:
+            return
+        checks = (PROBS_STRUCTURE, chunked(known)) if known and not block else (PROBS_STRUCTURE,)
+        entries.append((op, probs_sweep(op, direct), Row(name, dtype, build, settings, with_checks(EXACT, *checks))))
+
+    for dtype in DTYPES:
+        for batch, g, vocab in TIERS["probs modes"][profile]:
+            edge(f"every mode x ragged B={batch} g={g} V={vocab}", dtype, probs_modes,
+                 dict(dtype=dtype, profile=profile, batch=batch, g=g, vocab=vocab))
+        edge(TIERS["edge rows"][profile], dtype, probs_edge_rows, dict(dtype=dtype, profile=profile),
+             known=probs_edge_answers, block_on_cpu=False)
+        for vocab in TIERS["adversarial"][profile] if profile != "tiny" or dtype == F32 else ():
+            edge(f"adversarial rows, ids -1 / >= V / < -1 (the backend itself) V={vocab}", dtype, probs_adversarial,
+                 dict(dtype=dtype, profile=profile, vocab=vocab), direct=True, block_on_cpu=False)
+        vocab = TIERS["strided"][profile]
+        for layout in ("sliced", "unaligned", "int32"):
+            edge(STRIDED.format(layout, vocab), dtype, probs_strided, dict(dtype=dtype, vocab=vocab, layout=layout))
+        vocab = TIERS["small"][profile]
+        edge(f"g=0 V={vocab}", dtype, probs_no_drafts, dict(dtype=dtype, vocab=vocab))
+        edge(f"one-hot draft rows (n-gram drafts) V={vocab}", dtype, probs_one_hot, dict(dtype=dtype, vocab=vocab))
+        edge(HOSTILE, dtype, probs_hostile, dict(dtype=dtype), direct=True)
+    edge("B=0", F32, probs_empty, {})
+    edge("int seeds Triton would specialise (1) or that need both key words", F32, probs_int_seeds, {},
+         block_on_cpu=False)
+    edge("ids >= V or < -1 read nothing and reject (the backend itself)", F32, probs_out_of_range, {},
+         known=rejects_out_of_range, direct=True)
+    edge("p == q, draft on a zero-probability id: an empty residual draws from p", F32, probs_empty_residual,
+         dict(vocab=TIERS["empty residual"][profile]), known=draws_from_p, block_on_cpu=False)
+    for vocab in TIERS["expanded"][profile]:
+        edge("expanded (stride 0) batch", F32, probs_expanded, dict(vocab=vocab))
+    for k, (batch, g, vocab, special) in enumerate(TIERS["probs fuzz"][profile]):  # each shape in one dtype
+        dtype = DTYPES[k % len(DTYPES)]
+        edge(f"fuzz B={batch} g={g} V={vocab} specials={special}", dtype, probs_fuzz,
+             dict(dtype=dtype, batch=batch, g=g, vocab=vocab, special=special, k=k), block_on_cpu=k < 2)
+    return entries
 
 
-def probs_rows(op, edges, block=False):
-    """`edges` (PROBS_EDGES) as `op`'s table: exact outputs and their structure; the sampling op's known
-    answers, or (`block`) the block kernel's edges under the interpreter."""
-    def row(edge):
-        checks = (PROBS_STRUCTURE, chunked(edge.known)) if edge.known and not block else (PROBS_STRUCTURE,)
-        when = functools.partial(_block_runs, edge.block_on_cpu) if block else None
-        return Row(op, edge.name, edge.build, probs_sweep(op, edge.direct), EXACT, checks, when=when)
-    return [(dtypes, [Section(tuple(map(row, s.rows)), s.variants) for s in sections]) for dtypes, sections in edges]
+def logits_edges(op, profile, base_compare, block=False):
+    """The logits' edges as `op`'s rows: each setting judged by base_compare on the uniforms it used, the
+    structure, and the sampling op's known answers (`block`: none)."""
+    entries = []
 
+    def edge(name, dtype, build, settings, known=None):
+        checks = (LOGITS_STRUCTURE, chunked(known)) if known and not block else (LOGITS_STRUCTURE,)
+        compare = with_checks(sampling_sweep_compare(base_compare), *checks)
+        entries.append((op, logits_sweep(op), Row(name, dtype, build, settings, compare)))
 
-def logits_rows(op, edges, base_compare, block=False):
-    """`edges` (LOGITS_EDGES) as `op`'s table: each setting judged by base_compare on the uniforms it
-    used, the structure; the sampling op's known answers (not the block op's)."""
-    def row(edge):
-        checks = (LOGITS_STRUCTURE, chunked(edge.known)) if edge.known and not block else (LOGITS_STRUCTURE,)
-        return Row(op, edge.name, edge.build, logits_sweep(op), sampling_sweep_compare(base_compare), checks)
-    return [(dtypes, [Section(tuple(map(row, s.rows)), s.variants) for s in sections]) for dtypes, sections in edges]
+    for dtype in DTYPES:
+        shapes = TIERS["logits modes"][profile]
+        for batch, g, vocab in shapes[DTYPES.index(dtype):][:1] if profile == "tiny" else shapes:
+            edge(f"every mode x ragged x T 1 / 0.6 / 1.7 / per row, -1 drafts B={batch} g={g} V={vocab}", dtype,
+                 logits_modes, dict(dtype=dtype, profile=profile, batch=batch, g=g, vocab=vocab))
+        edge("adversarial rows (NaN / inf / -inf / huge / p == q / NaN q / NaN bonus)", dtype, logits_adversarial,
+             dict(dtype=dtype, vocab=TIERS["logits adversarial"][profile]), known=logits_adversarial_answers)
+        edge("identical logits, drafts on -inf ids: an empty residual draws from p", dtype, logits_identical,
+             dict(dtype=dtype, vocab=TIERS["identical"][profile]), known=identical_answers)
+        edge("strided / unaligned logits, position-major q, column-major ids, strided T / counts / seeds", dtype,
+             logits_strided, dict(dtype=dtype, vocab=TIERS["logits strided"][profile]))
+    edge("g=0", torch.float16, logits_no_drafts, dict(vocab=TIERS["small"][profile]), known=no_drafts_answers)
+    edge("B=0", F32, logits_empty, {})
+    return entries
 
 
 def run_rejection_sample(x, be):
@@ -534,15 +490,21 @@ def run_rejection_sample_logits(x, be):
     return ops.rejection_sample_logits(**x, backend=be)
 
 
-RANDOM = [((None,), [Section(variants=random_shape_variants, rows=(
-    Row("rejection_sample", "{shape} uniforms{suffix}", probs_inputs, run_rejection_sample, EXACT),
-    Row("rejection_sample", "{shape} seed+offsets{suffix}", seeded_probs_inputs, run_seeded_rejection_sample, EXACT),
-    Row("rejection_sample_logits", "{shape} T=0.8 uniforms{suffix}", sampling_logits_inputs,
-        run_rejection_sample_logits, compare_logits_sampling)))])]
+def _random_rows(profile):
+    entries = []
+    for s in random_shapes(profile):
+        entries += [("rejection_sample", run_rejection_sample,
+                     Row(f"{s.name} uniforms{s.suffix}", s.dtype, probs_inputs, s.settings, EXACT, s.graph)),
+                    ("rejection_sample", run_seeded_rejection_sample,
+                     Row(f"{s.name} seed+offsets{s.suffix}", s.dtype, seeded_probs_inputs, s.settings, EXACT, s.graph)),
+                    ("rejection_sample_logits", run_rejection_sample_logits,
+                     Row(f"{s.name} T=0.8 uniforms{s.suffix}", s.dtype, sampling_logits_inputs, s.settings,
+                         compare_logits_sampling, s.graph))]
+    return entries
 
 
 def rejection_sampling_cases(profile, device):
     """rejection_sample and rejection_sample_logits: the random shapes, then the edges."""
-    edges = probs_rows("rejection_sample", PROBS_EDGES) + logits_rows("rejection_sample_logits", LOGITS_EDGES,
-                                                                       compare_logits_sampling)
-    return catalog(RANDOM, edges, profile, device)
+    edges = probs_edges("rejection_sample", profile) + logits_edges("rejection_sample_logits", profile,
+                                                                    compare_logits_sampling)
+    return chain_catalog(_random_rows(profile), edges, profile, device)

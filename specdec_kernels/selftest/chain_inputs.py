@@ -11,13 +11,13 @@ import functools
 import inspect
 import zlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 from .compare import chain_structure, with_checks
 from .inputs import near_top_drafts, ragged, random_probs, seeded_generator
-from .model import DTYPES, Case
+from .model import DTYPES, Case, cases
 
 INF, NAN = float("inf"), float("nan")
 CHAIN_OUTPUTS = ("output_tokens", "num_accepted")
@@ -130,22 +130,52 @@ CHAIN_SHAPES = {"tiny": [(3, 3, 50), (2, 1, 300)],
                          (256, 4, 151936), (256, 8, 32000)]}
 
 
-def chain_shapes(profile):
-    """(B, g, V) of the chain verification and sampling ops."""
-    return CHAIN_SHAPES[profile]
+class RandomShape(NamedTuple):
+    """One (B, g, V) shape in one dtype; `turn` (shape + dtype index) rotates the per-case settings."""
+    index: int
+    batch: int
+    g: int
+    vocab: int
+    dtype: torch.dtype
+    turn: int
+
+    @property
+    def name(self):
+        return f"B={self.batch} g={self.g} V={self.vocab}"
+
+    @property
+    def suffix(self):
+        return " ragged" if self.turn % 2 else ""
+
+    @property
+    def graph(self):
+        return self.index == 0 and self.dtype == torch.bfloat16
+
+    @property
+    def settings(self):
+        return dict(batch=self.batch, g=self.g, vocab=self.vocab, dtype=self.dtype, use_ragged=self.turn % 2 == 1)
 
 
-def random_shape_variants(profile, dtype=None):
-    """Each shape (outer) in each dtype: its values, `turn` (shape + dtype index) picks the per-case settings."""
-    variants = []
-    for index, (batch, g, vocab) in enumerate(chain_shapes(profile)):
-        for dtype in DTYPES:
-            turn = index + DTYPES.index(dtype)
-            variants.append(dict(index=index, batch=batch, g=g, vocab=vocab, dtype=dtype, turn=turn,
-                                 shape=f"B={batch} g={g} V={vocab}", use_ragged=turn % 2 == 1,
-                                 suffix=" ragged" if turn % 2 == 1 else "",
-                                 graph=index == 0 and dtype == torch.bfloat16))
-    return variants
+def random_shapes(profile):
+    """Each shape (outer) in each dtype."""
+    return [RandomShape(index, batch, g, vocab, dtype, index + k)
+            for index, (batch, g, vocab) in enumerate(CHAIN_SHAPES[profile]) for k, dtype in enumerate(DTYPES)]
+
+
+def random_shape_variants(profile, dtype=None):  # TEMP: logit_verify until its rewrite
+    return [dict(index=s.index, batch=s.batch, g=s.g, vocab=s.vocab, dtype=s.dtype, turn=s.turn, shape=s.name,
+                 use_ragged=s.turn % 2 == 1, suffix=s.suffix, graph=s.graph) for s in random_shapes(profile)]
+
+
+def chain_cases(entries, device):
+    """The Cases of (op, run, Row) entries, in order (a chain family runs each row its own way: a sweep)."""
+    return [case for op, run, row in entries for case in cases(op, run, [row], device)]
+
+
+def chain_catalog(random, edges, profile, device):
+    """A family's cases from (op, run, Row) entries: the random shapes, then the edges (one dtype each at "tiny")."""
+    edges = chain_cases(edges, device)
+    return chain_cases(random, device) + (one_dtype_each(edges) if profile == "tiny" else edges)
 
 
 def probs_inputs(seed, *, device, batch, g, vocab, dtype, use_ragged):
