@@ -1,20 +1,19 @@
-"""The logit_verify family's catalog: greedy_verify, relaxed_verify, bild_verify, max_prob (and
-fallback_check, judged with max_prob). Random shapes in every dtype, then edge cases: crafted rows
-(NaN / inf / ties / padding / V = 1 / g = 0 / empty batches), strided and non-contiguous inputs,
-out-of-range ids (through the backend itself: the op refuses them where it can look, a GPU call
-cannot). Small at "tiny" (the Triton interpreter in CI), production vocabularies on a GPU: the
-sizes are in TIERS, the cases in RANDOM and EDGES (chain_inputs.py expands them)."""
+"""The logit_verify family: greedy_verify, relaxed_verify, bild_verify, max_prob (and fallback_check,
+judged with max_prob). Random shapes in every dtype, then edges: crafted rows (NaN / inf / ties /
+padding / V = 1 / g = 0 / empty batches), strided inputs, out-of-range ids (through the backend
+itself: a GPU call cannot look at them). Sizes in TIERS: the interpreter's at "tiny", production
+vocabularies on a GPU."""
 
 import functools
 
 import torch
 
-from .chain_inputs import (CHAIN_OUTPUTS, CRAFTED_GREEDY, CRAFTED_LOGIT, INF, NAN, Row, Section, bind, catalog,
-                           crafted_greedy, crafted_logit, fixed, impl, random_shape_variants, special_accept_all,
-                           special_inputs, special_logit_index, sweep, tie_inputs, tiered)
-from .compare import bild_threshold, chain_structure, close, compare_bild, exact, expect
+from .chain_inputs import (CHAIN_OUTPUTS, CRAFTED_GREEDY, CRAFTED_LOGIT, INF, NAN, chain_catalog, crafted_greedy,
+                           crafted_logit, impl, random_shapes, special_accept_all, special_inputs, special_logit_index,
+                           sweep, tie_inputs)
+from .compare import bild_threshold, chain_structure, close, compare_bild, exact, expect, with_checks
 from .inputs import near_top_drafts, ragged, random_logits, seeded_generator
-from .model import DTYPES
+from .model import DTYPES, Row
 
 F32, BF16 = torch.float32, torch.bfloat16
 STRUCTURE = chain_structure()
@@ -81,8 +80,8 @@ def logits_only(build):
     return functools.partial(_logits_only, build)
 
 
-def _logits_only(build, seed, **values):
-    return dict(logits=bind(build, values)(seed)["target_logits"])
+def _logits_only(build, seed, **settings):
+    return dict(logits=build(seed, **settings)["target_logits"])
 
 
 def strided_inputs(seed, *, device, dtype, vocab, layout):
@@ -213,8 +212,8 @@ def with_thresholds(build, thresholds):
     return functools.partial(_with_thresholds, build, thresholds)
 
 
-def _with_thresholds(build, thresholds, seed, **values):
-    return {**bind(build, values)(seed), "thresholds": thresholds}
+def _with_thresholds(build, thresholds, seed, **settings):
+    return {**build(seed, **settings), "thresholds": thresholds}
 
 # ---------------------------------------------------------------------------------------------
 # Runs and sweeps
@@ -279,10 +278,6 @@ def _bild_impl_call(x, be, t):
     from ..common import registry
 
     return registry.implementation("bild_verify", be)(**x, rollback_threshold=t)
-
-
-def relaxed_out_of_range(x, be, *, vocab):
-    return sweep(_relaxed_impl_call, ((vocab, 1.0), (1, 0.0)))(x, be)
 
 
 def clamped_reference(x):
@@ -388,156 +383,161 @@ PADDED = expect("[[0,-1,-1,-1],[0,0,0,-1]], [0, 2]",
 
 
 # ---------------------------------------------------------------------------------------------
-# The table: (dtypes, sections); None: the variants pick the dtype
+# The tables: (op, run, Row) entries
 
-def random_variants(profile, dtype):
-    """The chain random shapes, each with its relaxed (top_beta, tau) of the rotation."""
-    return [dict(v, beta=RANDOM_BETA_TAU[v["turn"] % 4][0], tau=RANDOM_BETA_TAU[v["turn"] % 4][1], positions=v["g"] + 1)
-            for v in random_shape_variants(profile)]
-
-
-def strided_variants(profile, dtype):
-    layouts = ("sliced", "position-major", "unaligned")
-    return [dict(vocab=TIERS["strided"][profile], layout=layout) for layout in layouts]
-
-
-def crafted_variants(profile, dtype):
-    return [dict(vocab=TIERS["crafted"][profile], counts=counts) for counts in (None, [4, 2, 0, 3], [1, 4, 4, 0])]
-
-
-def fuzz_variants(profile, dtype):
-    """Each fuzz shape in one dtype."""
-    return [dict(batch=batch, g=g, vocab=vocab, special=special, k=k)
-            for k, (batch, g, vocab, special) in enumerate(TIERS["fuzz"][profile]) if DTYPES[k % len(DTYPES)] == dtype]
-
-
+EXACT = exact(CHAIN_OUTPUTS)
 MAX_PROB_SHAPES = (("[V]", F32, None), ("[B,V]", BF16, None), ("[B,P,V]", torch.float16, None),  # (label, dtype, view)
                    ("[2,3,3,V] leading dims that do not collapse", F32, leading_dims_slice), ("tiny V", F32, None),
                    ("V=1", F32, None), ("[B,V] row stride 4V", F32, strided_rows),
                    ("R >= 4 x SMs: one block per row", BF16, None))
+OUT_OF_RANGE = "out-of-range ids -1, V, V+1, -V, 2^40, -2^62 (the backend itself) V={}"
 
 
-def max_prob_shape_variants(profile, dtype):
-    """max_prob's shapes (TIERS; "tiny" leaves the last out): leading dims, tiny and single vocabularies, strides."""
-    return [dict(shape=shape, dtype=shape_dtype, view=view, label=label, shape_list=list(shape))
-            for (label, shape_dtype, view), shape in zip(MAX_PROB_SHAPES, TIERS["max_prob shapes"][profile])]
+def entry(op, run, name, dtype, build, settings, compare=EXACT, checks=(STRUCTURE,), reference=None, graph=False):
+    """An (op, run, Row) entry judged by `compare` and then `checks` (the chain structure by default)."""
+    return op, run, Row(name, dtype, build, settings, with_checks(compare, *checks) if checks else compare, graph,
+                        reference)
 
 
-def not_4099(vocab):
-    return vocab != 4099  # greedy only at the interpreter's 4-tile vocabulary
+def max_prob_entry(name, dtype, build, settings, checks=()):
+    return entry("max_prob", run_max_prob, name, dtype, build, settings, MAX_PROB_CLOSE, checks)
 
 
-EXACT = exact(CHAIN_OUTPUTS)
-SPECIAL = "special rows V={vocab}"
-LAYOUT = "{layout} logits, column-major drafts, strided counts V={vocab}"
-OUT_OF_RANGE = "out-of-range ids -1, V, V+1, -V, 2^40, -2^62 (the backend itself) V={vocab}"
-FUZZ_NAME = "fuzz B={batch} g={g} V={vocab} specials={special}"
-PADDING = "-1 padding never matches, all -inf V={vocab}"
-finite_out_of_range = functools.partial(out_of_range, finite=True)
+def _random_rows(profile):
+    """Each random shape and dtype, relaxed_verify's (top_beta, tau) and BiLD's start rotated over them."""
+    entries = []
+    for s in random_shapes(profile):
+        beta, tau = RANDOM_BETA_TAU[s.turn % 4]
+        entries += [entry("greedy_verify", run_greedy, s.name + s.suffix, s.dtype, logits_inputs, s.settings, EXACT,
+                          (), graph=s.graph),
+                    entry("relaxed_verify", functools.partial(run_relaxed, beta=beta, tau=tau),
+                          f"{s.name} top_beta={beta} tau={tau}{s.suffix}", s.dtype, logits_inputs, s.settings, EXACT,
+                          (), graph=s.graph),
+                    entry("bild_verify", run_bild, s.name + s.suffix, s.dtype, bild_inputs,
+                          dict(s.settings, index=s.index), compare_bild, (), graph=s.graph),
+                    entry("max_prob", run_max_prob, f"[{s.batch},{s.g + 1},{s.vocab}]", s.dtype, random_max_prob_inputs,
+                          dict(batch=s.batch, g=s.g, vocab=s.vocab, dtype=s.dtype), MAX_PROB_CLOSE, (),
+                          graph=s.graph)]
+    return entries
 
-RANDOM = [((None,), [Section(variants=random_variants, rows=(
-    Row("greedy_verify", "{shape}{suffix}", logits_inputs, run_greedy, EXACT),
-    Row("relaxed_verify", "{shape} top_beta={beta} tau={tau}{suffix}", logits_inputs, run_relaxed, EXACT),
-    Row("bild_verify", "{shape}{suffix}", bild_inputs, run_bild, compare_bild),
-    Row("max_prob", "[{batch},{positions},{vocab}]", random_max_prob_inputs, run_max_prob, MAX_PROB_CLOSE)))])]
 
-EDGES = [
-    (DTYPES, [
-        Section(variants=tiered(TIERS, "special"), rows=(
-            Row("greedy_verify", SPECIAL + " accept-all", special_accept_all, run_greedy, EXACT,
-                (STRUCTURE, expect("every draft accepted", lambda got, x: bool((got[1] == 4).all())))),
-            Row("greedy_verify", SPECIAL + " ragged", special_inputs, run_greedy, EXACT, (STRUCTURE,)),
-            Row("relaxed_verify", SPECIAL + " beta/tau sweep", special_inputs,  # ragged on every other setting
-                relaxed_sweep([(b, t, i % 2 == 1) for i, (b, t) in enumerate(BETA_TAU)]), EXACT, (STRUCTURE,)),
-            Row("bild_verify", SPECIAL + " thresholds 0, inf, 1, 6", special_inputs,
-                bild_sweep((1.0, 6.0), fixed=(0.0, INF)), EXACT, (STRUCTURE,)),
-            Row("max_prob", SPECIAL, logits_only(special_inputs), run_max_prob, MAX_PROB_CLOSE,
-                (expect("0 for the all-NaN / all -inf rows, 1 for two +inf logits", _special_max_prob),)))),
-        Section(variants=tiered(TIERS, "crafted greedy"), rows=(
-            Row("greedy_verify", "NaN/inf rows V={vocab} counts none/0/ragged", crafted_greedy,
-                sweep(_greedy_counts_call, _greedy_count_sets), EXACT,
-                (STRUCTURE, expect("num_accepted [4, 3, 1] and row 0 [0, 0, 0, 1, ...]", _crafted_greedy_answers))),)),
-        Section(variants=crafted_variants, rows=(
-            Row("relaxed_verify", "NaN/inf/padding rows counts={counts}", crafted_logit, relaxed_sweep(BETA_TAU), EXACT,
-                (STRUCTURE, lossless_corner(BETA_TAU))),
-            Row("bild_verify", "NaN/inf/padding rows counts={counts} thresholds 0, 1, 6", crafted_logit,
-                bild_sweep((1.0, 6.0), fixed=(0.0,)), EXACT, (STRUCTURE, all_nan_never_passes)))),
-        Section(variants=tiered(TIERS, "crafted"), rows=(
-            Row("max_prob", "NaN/inf/padding rows", logits_only(crafted_logit), run_max_prob, MAX_PROB_CLOSE,
-                (expect("[0, 0, ., 1] in row 0 and 1 in row 1", _crafted_max_prob),)),)),
-        Section(variants=tiered(TIERS, "ties"), rows=(
-            Row("greedy_verify", "ties across tiles V={vocab}", tie_inputs, run_greedy, EXACT,
-                (STRUCTURE, lowest_wins)),
-            Row("relaxed_verify", "ties across tiles V={vocab}", tie_inputs, relaxed_sweep(TIE_SETTINGS), EXACT,
-                (STRUCTURE, lossless_corner(TIE_SETTINGS)), when=not_4099),
-            Row("bild_verify", "ties across tiles V={vocab}", tie_inputs, bild_sweep((0.3, 1.5, 4.0, 9.0)), EXACT,
-                (STRUCTURE,), when=not_4099),
-            Row("max_prob", "ties across tiles V={vocab}", logits_only(tie_inputs), run_max_prob, MAX_PROB_CLOSE,
-                when=not_4099))),
-        Section(variants=strided_variants, rows=(
-            Row("greedy_verify", LAYOUT, strided_inputs, run_greedy, EXACT, (STRUCTURE,)),
-            Row("relaxed_verify", LAYOUT, strided_inputs, relaxed_sweep(((3, 0.0), (2, 0.7), (50, 3.0))), EXACT,
-                (STRUCTURE,)),
-            Row("bild_verify", LAYOUT, strided_inputs, bild_sweep((1.0, 5.0)), EXACT, (STRUCTURE,)),
-            Row("max_prob", "{layout} [3,5,{vocab}]", logits_only(strided_inputs), run_max_prob, MAX_PROB_CLOSE))),
-        Section(variants=tiered(TIERS, "small"), rows=(  # no drafts, an empty batch, clamped counts, bad ids
-            Row("greedy_verify", "g=0 V={vocab}", no_drafts, run_greedy, EXACT, (STRUCTURE, BONUS_ONLY)),
-            Row("relaxed_verify", "g=0 V={vocab}", no_drafts, relaxed_sweep(((2, 0.7),)), EXACT,
-                (STRUCTURE, BONUS_ONLY)),
-            Row("bild_verify", "g=0 V={vocab}", no_drafts, bild_sweep((), fixed=(1.0,)), EXACT, (STRUCTURE,)),
-            Row("greedy_verify", "B=0", empty_batch, run_greedy, EXACT, (STRUCTURE,)),
-            Row("relaxed_verify", "B=0", empty_batch, relaxed_sweep(((2, 1.0),)), EXACT, (STRUCTURE,)),
-            Row("bild_verify", "B=0", empty_batch, bild_sweep((), fixed=(1.0,)), EXACT, (STRUCTURE,)),
-            Row("max_prob", "[0,4,V]", logits_only(empty_batch), run_max_prob, MAX_PROB_CLOSE),
-            Row("greedy_verify", "counts 0, -3, 2, g, g+9 (clamped; the backend itself) V={vocab}", clamped_counts,
-                impl("greedy_verify"), EXACT,
-                (STRUCTURE, expect("num_accepted [0, 0, 2, 4, 4]", lambda got, x: got[1].tolist() == [0, 0, 2, 4, 4])),
-                reference=clamped_reference),
-            Row("greedy_verify", OUT_OF_RANGE, out_of_range, impl("greedy_verify"), EXACT, (STRUCTURE, STOPS)),
-            Row("relaxed_verify", OUT_OF_RANGE, finite_out_of_range, relaxed_out_of_range, EXACT, (STRUCTURE, STOPS)),
-            Row("bild_verify", OUT_OF_RANGE, finite_out_of_range, sweep(_bild_impl_call, (INF, 20.0)), EXACT,
-                (STRUCTURE,)))),
-        Section(variants=fuzz_variants, rows=(  # small-integer logits (ties) with NaN / inf, V = 1 and g = 0
-            Row("greedy_verify", FUZZ_NAME, fuzz_inputs, run_greedy, EXACT, (STRUCTURE,)),
-            Row("relaxed_verify", FUZZ_NAME, fuzz_inputs, relaxed_sweep(FUZZ_SETTINGS), EXACT,
-                (STRUCTURE, lossless_corner(FUZZ_SETTINGS))),
-            Row("bild_verify", FUZZ_NAME, fuzz_inputs, bild_sweep((0.5, 3.0)), EXACT, (STRUCTURE,)),
-            Row("max_prob", FUZZ_NAME, logits_only(fuzz_inputs), run_max_prob, MAX_PROB_CLOSE)))]),
-    ((F32,), [
-        Section(variants=fixed("vocab", (7, 1)), rows=(
-            Row("greedy_verify", PADDING, padding, run_greedy, EXACT, (STRUCTURE, PADDED)),
-            Row("relaxed_verify", PADDING, padding, relaxed_sweep(BETA_TAU + ((3, 1.0),)), EXACT,
-                (STRUCTURE, lossless_corner(BETA_TAU))))),
-        Section(rows=(
-            Row("bild_verify", "V=1 finite, -1 padding", finite_padding, bild_sweep((), fixed=(0.0, 1.0)), EXACT,
-                (STRUCTURE, expect("num_accepted [0, 2] at threshold 0",
-                                   lambda got, x: got[1][:2].tolist() == [0, 2]))),
-        ))]),
-    (DTYPES, [Section(variants=tiered(TIERS, "boundaries"), rows=(
-        Row("relaxed_verify", "ranks at top_beta - 1 / top_beta, gaps at tau", boundary_logits,
-            relaxed_sweep(BOUNDARY_GRID), EXACT, (STRUCTURE, at_boundaries, lossless_corner(BOUNDARY_GRID))),))]),
-    ((F32,), [
-        Section(variants=tiered(TIERS, "float32 tau"), rows=(
-            Row("relaxed_verify", "tau compared in float32 (gap == float32(0.7))", float32_tau,
-                relaxed_sweep(((5, 0.7),)), EXACT,
-                (STRUCTURE, expect("a rejection", lambda got, x: got[1].item() == 0))),
-        ))]),
-    ((None,), [Section(variants=max_prob_shape_variants, rows=(
-        Row("max_prob", "{label} {shape_list}", shaped, run_max_prob, MAX_PROB_CLOSE),))]),
-    ((F32,), [
-        Section(variants=tiered(TIERS, "special probs"), rows=(
-            Row("max_prob", "NaN / -inf / +inf / one-finite rows", special_probs, run_max_prob, MAX_PROB_CLOSE,
-                (expect("[0, 0, 1, 1] in the first rows", _special_probs_answers),)),
-            Row("max_prob", "lse rounds to the max: 1", lse_rounds_to_max, run_max_prob, MAX_PROB_CLOSE),
-            Row("max_prob", "fallback_check thresholds 0, 0.3, 0.5, 0.9, 1 on special rows",
-                with_thresholds(special_probs, (0.0, 0.3, 0.5, 0.9, 1.0)), fallback_run, compare_fallback)))]),
-    ((BF16,), [
-        Section(variants=tiered(TIERS, "fallback", "shape"), rows=(
-            Row("max_prob", "fallback_check thresholds 0.01, 0.05, 0.5", with_thresholds(shaped, (0.01, 0.05, 0.5)),
-                fallback_run, compare_fallback),))]),
-]
+def _crafted_rows(profile, dtype):
+    """Special rows (NaN / inf / ties) at every position, rows of known answers, ties across tiles."""
+    rows = []
+    for vocab in TIERS["special"][profile]:
+        name, x = f"special rows V={vocab}", dict(dtype=dtype, vocab=vocab)
+        rows += [entry("greedy_verify", run_greedy, name + " accept-all", dtype, special_accept_all, x, checks=(
+                     STRUCTURE, expect("every draft accepted", lambda got, x: bool((got[1] == 4).all())))),
+                 entry("greedy_verify", run_greedy, name + " ragged", dtype, special_inputs, x),
+                 entry("relaxed_verify", relaxed_sweep([(b, t, i % 2 == 1) for i, (b, t) in enumerate(BETA_TAU)]),
+                       name + " beta/tau sweep", dtype, special_inputs, x),  # ragged on every other setting
+                 entry("bild_verify", bild_sweep((1.0, 6.0), fixed=(0.0, INF)), name + " thresholds 0, inf, 1, 6",
+                       dtype, special_inputs, x),
+                 max_prob_entry(name, dtype, logits_only(special_inputs), x, (
+                     expect("0 for the all-NaN / all -inf rows, 1 for two +inf logits", _special_max_prob),))]
+    vocab = TIERS["crafted greedy"][profile]
+    rows.append(entry("greedy_verify", sweep(_greedy_counts_call, _greedy_count_sets),
+                      f"NaN/inf rows V={vocab} counts none/0/ragged", dtype, crafted_greedy,
+                      dict(dtype=dtype, vocab=vocab), checks=(STRUCTURE, expect(
+                          "num_accepted [4, 3, 1] and row 0 [0, 0, 0, 1, ...]", _crafted_greedy_answers))))
+    vocab = TIERS["crafted"][profile]
+    for counts in (None, [4, 2, 0, 3], [1, 4, 4, 0]):
+        x = dict(dtype=dtype, vocab=vocab, counts=counts)
+        rows += [entry("relaxed_verify", relaxed_sweep(BETA_TAU), f"NaN/inf/padding rows counts={counts}", dtype,
+                       crafted_logit, x, checks=(STRUCTURE, lossless_corner(BETA_TAU))),
+                 entry("bild_verify", bild_sweep((1.0, 6.0), fixed=(0.0,)),
+                       f"NaN/inf/padding rows counts={counts} thresholds 0, 1, 6", dtype, crafted_logit, x,
+                       checks=(STRUCTURE, functools.partial(all_nan_never_passes, counts=counts)))]
+    rows.append(max_prob_entry("NaN/inf/padding rows", dtype, logits_only(crafted_logit),
+                               dict(dtype=dtype, vocab=vocab),
+                               (expect("[0, 0, ., 1] in row 0 and 1 in row 1", _crafted_max_prob),)))
+    for vocab in TIERS["ties"][profile]:
+        name, x = f"ties across tiles V={vocab}", dict(dtype=dtype, vocab=vocab)
+        rows.append(entry("greedy_verify", run_greedy, name, dtype, tie_inputs, x, checks=(STRUCTURE, lowest_wins)))
+        if vocab != 4099:  # greedy only at the interpreter's 4-tile vocabulary
+            rows += [entry("relaxed_verify", relaxed_sweep(TIE_SETTINGS), name, dtype, tie_inputs, x,
+                           checks=(STRUCTURE, lossless_corner(TIE_SETTINGS))),
+                     entry("bild_verify", bild_sweep((0.3, 1.5, 4.0, 9.0)), name, dtype, tie_inputs, x),
+                     max_prob_entry(name, dtype, logits_only(tie_inputs), x)]
+    return rows
+
+
+def _layout_rows(profile, dtype):
+    """Strided logits, no drafts, an empty batch, clamped counts, out-of-range ids, small-integer fuzz."""
+    rows, vocab = [], TIERS["strided"][profile]
+    for layout in ("sliced", "position-major", "unaligned"):
+        name, x = f"{layout} logits, column-major drafts, strided counts V={vocab}", dict(dtype=dtype, vocab=vocab,
+                                                                                           layout=layout)
+        rows += [entry("greedy_verify", run_greedy, name, dtype, strided_inputs, x),
+                 entry("relaxed_verify", relaxed_sweep(((3, 0.0), (2, 0.7), (50, 3.0))), name, dtype, strided_inputs,
+                       x),
+                 entry("bild_verify", bild_sweep((1.0, 5.0)), name, dtype, strided_inputs, x),
+                 max_prob_entry(f"{layout} [3,5,{vocab}]", dtype, logits_only(strided_inputs), x)]
+    vocab = TIERS["small"][profile]
+    x, bonus_only = dict(dtype=dtype, vocab=vocab), (STRUCTURE, BONUS_ONLY)
+    rows += [entry("greedy_verify", run_greedy, f"g=0 V={vocab}", dtype, no_drafts, x, checks=bonus_only),
+             entry("relaxed_verify", relaxed_sweep(((2, 0.7),)), f"g=0 V={vocab}", dtype, no_drafts, x,
+                   checks=bonus_only),
+             entry("bild_verify", bild_sweep((), fixed=(1.0,)), f"g=0 V={vocab}", dtype, no_drafts, x),
+             entry("greedy_verify", run_greedy, "B=0", dtype, empty_batch, x),
+             entry("relaxed_verify", relaxed_sweep(((2, 1.0),)), "B=0", dtype, empty_batch, x),
+             entry("bild_verify", bild_sweep((), fixed=(1.0,)), "B=0", dtype, empty_batch, x),
+             max_prob_entry("[0,4,V]", dtype, logits_only(empty_batch), x),
+             entry("greedy_verify", impl("greedy_verify"),
+                   f"counts 0, -3, 2, g, g+9 (clamped; the backend itself) V={vocab}", dtype, clamped_counts, x,
+                   checks=(STRUCTURE, expect("num_accepted [0, 0, 2, 4, 4]",
+                                             lambda got, x: got[1].tolist() == [0, 0, 2, 4, 4])),
+                   reference=clamped_reference),
+             entry("greedy_verify", impl("greedy_verify"), OUT_OF_RANGE.format(vocab), dtype, out_of_range, x,
+                   checks=(STRUCTURE, STOPS)),
+             entry("relaxed_verify", sweep(_relaxed_impl_call, ((vocab, 1.0), (1, 0.0))), OUT_OF_RANGE.format(vocab),
+                   dtype, out_of_range, dict(x, finite=True), checks=(STRUCTURE, STOPS)),
+             entry("bild_verify", sweep(_bild_impl_call, (INF, 20.0)), OUT_OF_RANGE.format(vocab), dtype,
+                   out_of_range, dict(x, finite=True))]
+    for k, (batch, g, vocab, special) in enumerate(TIERS["fuzz"][profile]):  # each fuzz shape in one dtype
+        if DTYPES[k % len(DTYPES)] == dtype:
+            name = f"fuzz B={batch} g={g} V={vocab} specials={special}"
+            x = dict(dtype=dtype, batch=batch, g=g, vocab=vocab, special=special, k=k)
+            rows += [entry("greedy_verify", run_greedy, name, dtype, fuzz_inputs, x),
+                     entry("relaxed_verify", relaxed_sweep(FUZZ_SETTINGS), name, dtype, fuzz_inputs, x,
+                           checks=(STRUCTURE, lossless_corner(FUZZ_SETTINGS))),
+                     entry("bild_verify", bild_sweep((0.5, 3.0)), name, dtype, fuzz_inputs, x),
+                     max_prob_entry(name, dtype, logits_only(fuzz_inputs), x)]
+    return rows
+
+
+def _edge_rows(profile):
+    rows = []
+    for dtype in DTYPES:
+        rows += _crafted_rows(profile, dtype) + _layout_rows(profile, dtype)
+    for vocab in (7, 1):
+        name = f"-1 padding never matches, all -inf V={vocab}"
+        rows += [entry("greedy_verify", run_greedy, name, F32, padding, dict(vocab=vocab), checks=(STRUCTURE, PADDED)),
+                 entry("relaxed_verify", relaxed_sweep(BETA_TAU + ((3, 1.0),)), name, F32, padding, dict(vocab=vocab),
+                       checks=(STRUCTURE, lossless_corner(BETA_TAU)))]
+    rows.append(entry("bild_verify", bild_sweep((), fixed=(0.0, 1.0)), "V=1 finite, -1 padding", F32, finite_padding,
+                      {}, checks=(STRUCTURE, expect("num_accepted [0, 2] at threshold 0",
+                                                    lambda got, x: got[1][:2].tolist() == [0, 2]))))
+    rows += [entry("relaxed_verify", relaxed_sweep(BOUNDARY_GRID), "ranks at top_beta - 1 / top_beta, gaps at tau",
+                   dtype, boundary_logits, dict(dtype=dtype, vocab=TIERS["boundaries"][profile]),
+                   checks=(STRUCTURE, at_boundaries, lossless_corner(BOUNDARY_GRID))) for dtype in DTYPES]
+    rows.append(entry("relaxed_verify", relaxed_sweep(((5, 0.7),)), "tau compared in float32 (gap == float32(0.7))",
+                      F32, float32_tau, dict(vocab=TIERS["float32 tau"][profile]),
+                      checks=(STRUCTURE, expect("a rejection", lambda got, x: got[1].item() == 0))))
+    rows += [max_prob_entry(f"{label} {list(shape)}", dtype, shaped, dict(dtype=dtype, shape=shape, view=view))
+             for (label, dtype, view), shape in zip(MAX_PROB_SHAPES, TIERS["max_prob shapes"][profile])]
+    x = dict(vocab=TIERS["special probs"][profile])
+    rows += [max_prob_entry("NaN / -inf / +inf / one-finite rows", F32, special_probs, x,
+                            (expect("[0, 0, 1, 1] in the first rows", _special_probs_answers),)),
+             max_prob_entry("lse rounds to the max: 1", F32, lse_rounds_to_max, {}),
+             entry("max_prob", fallback_run, "fallback_check thresholds 0, 0.3, 0.5, 0.9, 1 on special rows", F32,
+                   with_thresholds(special_probs, (0.0, 0.3, 0.5, 0.9, 1.0)), x, compare_fallback, ())]
+    rows += [entry("max_prob", fallback_run, "fallback_check thresholds 0.01, 0.05, 0.5", BF16,
+                   with_thresholds(shaped, (0.01, 0.05, 0.5)), dict(dtype=BF16, shape=shape), compare_fallback, ())
+             for shape in TIERS["fallback"][profile]]
+    return rows
 
 
 def logit_verify_cases(profile, device):
     """greedy_verify, relaxed_verify, bild_verify, max_prob (and fallback_check): the random shapes, then the edges."""
-    return catalog(RANDOM, EDGES, profile, device)
+    return chain_catalog(_random_rows(profile), _edge_rows(profile), profile, device)

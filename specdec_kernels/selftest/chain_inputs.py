@@ -1,104 +1,18 @@
-"""The chain families' inputs (cases_logit_verify.py, cases_rejection_sampling.py,
-cases_block_verification.py): the table rows and their expansion into Cases, the random shapes
-every chain op runs at, sweeps and the randomness modes of the sampling ops, and the crafted
-rows (NaN / inf / ties / padding / out-of-range ids) the families' edge cases are built from.
+"""What the chain families (cases_logit_verify.py, cases_rejection_sampling.py,
+cases_block_verification.py) share: their (op, run, Row) entries made Cases, the random shapes
+every chain op runs at, sweeps and the randomness modes of the sampling ops, and the crafted rows
+(NaN / inf / ties / padding / out-of-range ids) their edge cases are built from."""
 
-A family's catalog is a table of blocks: (dtypes, sections); a section has a variants function
-(profile, dtype) -> dicts (a vocabulary, a layout, ... from the family's size tiers) and rows
-(one case each per variant). A row's functions take the variant's values by keyword (bind)."""
-
-import functools
-import inspect
 import zlib
-from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-from .compare import chain_structure, with_checks
 from .inputs import near_top_drafts, ragged, random_probs, seeded_generator
-from .model import DTYPES, Case, cases
+from .model import DTYPES, cases
 
 INF, NAN = float("inf"), float("nan")
 CHAIN_OUTPUTS = ("output_tokens", "num_accepted")
-
-
-@dataclass(frozen=True)
-class Row:
-    """One case per variant of its section. `name` is a str.format template over the variant;
-    build(seed, ...), run(x, be, ...), compare, each check(got, x, ...) and when(...) (keep the
-    row for this variant) take the variant's values (device, dtype, profile, vocab, ...) they name."""
-    op: str
-    name: str
-    build: Callable
-    run: Callable
-    compare: Callable
-    checks: tuple = ()
-    when: Callable | None = None
-    reference: Callable | None = None
-
-
-@dataclass(frozen=True)
-class Section:
-    rows: tuple
-    variants: Callable | None = None  # variants(profile, dtype) -> [dict]; None: one variant, no values
-
-
-def bind(fn, values):
-    """fn with the entries of `values` that it names as parameters bound by keyword."""
-    if fn is None:
-        return None
-    params = inspect.signature(fn).parameters
-    if any(param.kind is inspect.Parameter.VAR_KEYWORD for param in params.values()):
-        return functools.partial(fn, **values)  # it passes them on (a builder of builders)
-    return functools.partial(fn, **{key: value for key, value in values.items() if key in params})
-
-
-def _case(row, values):
-    checks = tuple(bind(check, values) for check in row.checks)
-    compare = bind(row.compare, values)
-    return Case(row.op, row.name.format(**values), values["dtype"], bind(row.build, values), bind(row.run, values),
-                with_checks(compare, *checks) if checks else compare, bool(values.get("graph")),
-                reference=bind(row.reference, values))
-
-
-def expand(blocks, profile, device):
-    """Cases of (dtypes, sections) blocks: per dtype, each section's variants x rows, in order.
-    A dtype of None leaves it to the variants (a variant's "dtype")."""
-    cases = []
-    for dtypes, sections in blocks:
-        for dtype in dtypes:
-            for section in sections:
-                for variant in (section.variants(profile, dtype) if section.variants else [{}]):
-                    values = {"device": device, "dtype": dtype, "profile": profile, **variant}
-                    cases += [_case(row, values) for row in section.rows
-                              if row.when is None or bind(row.when, values)()]
-    return cases
-
-
-def tiered(tiers, key, name="vocab"):
-    """A variants function: one variant per value of tiers[key][profile], as `name`."""
-    return functools.partial(_tier_variants, tiers, key, name)
-
-
-def _tier_variants(tiers, key, name, profile, dtype):
-    values = tiers[key][profile]
-    return [{name: value} for value in (values if isinstance(values, (tuple, list)) else (values,))]
-
-
-def fixed(name, values):
-    """A variants function: one variant per value, as `name`, at every profile."""
-    return functools.partial(_fixed_variants, name, values)
-
-
-def _fixed_variants(name, values, profile, dtype):
-    return [{name: value} for value in values]
-
-
-def catalog(random_blocks, edge_blocks, profile, device):
-    """A family's cases: the random shapes, then the edge cases (one dtype each at "tiny")."""
-    edges = expand(edge_blocks, profile, device)
-    return expand(random_blocks, profile, device) + (one_dtype_each(edges) if profile == "tiny" else edges)
 
 
 def one_dtype_each(cases):
@@ -160,11 +74,6 @@ def random_shapes(profile):
     """Each shape (outer) in each dtype."""
     return [RandomShape(index, batch, g, vocab, dtype, index + k)
             for index, (batch, g, vocab) in enumerate(CHAIN_SHAPES[profile]) for k, dtype in enumerate(DTYPES)]
-
-
-def random_shape_variants(profile, dtype=None):  # TEMP: logit_verify until its rewrite
-    return [dict(index=s.index, batch=s.batch, g=s.g, vocab=s.vocab, dtype=s.dtype, turn=s.turn, shape=s.name,
-                 use_ragged=s.turn % 2 == 1, suffix=s.suffix, graph=s.graph) for s in random_shapes(profile)]
 
 
 def chain_cases(entries, device):
@@ -274,12 +183,6 @@ def chunked(check):
                 return f"{label}: {problem}"
         return None
     return wrapped
-
-
-def sweep_structure(vocab_key):
-    """The chain outputs' structure (chain_structure) of every row of a sweep."""
-    inner = chain_structure(vocab_key)
-    return lambda got, inputs: inner(got, inputs)
 
 
 # ---------------------------------------------------------------------------------------------
