@@ -9,8 +9,8 @@ import functools
 import torch
 
 from .chain_inputs import (CHAIN_OUTPUTS, CRAFTED_GREEDY, CRAFTED_LOGIT, INF, NAN, chain_catalog, crafted_greedy,
-                           crafted_logit, impl, random_shapes, special_accept_all, special_inputs, special_logit_index,
-                           sweep, tie_inputs)
+                           crafted_logit, impl, op_run, random_shapes, special_accept_all, special_inputs,
+                           special_logit_index, sweep, tie_inputs)
 from .compare import bild_threshold, chain_structure, close, compare_bild, exact, expect, with_checks
 from .inputs import near_top_drafts, ragged, random_logits, seeded_generator
 from .model import DTYPES, Row
@@ -218,16 +218,7 @@ def _with_thresholds(build, thresholds, seed, **settings):
 # ---------------------------------------------------------------------------------------------
 # Runs and sweeps
 
-def run_greedy(x, be):
-    return _ops().greedy_verify(**x, backend=be)
-
-
-def run_relaxed(x, be, *, beta, tau):
-    return _ops().relaxed_verify(**x, top_beta=beta, tau=tau, backend=be)
-
-
-def run_bild(x, be):
-    return _ops().bild_verify(**x, backend=be)
+run_greedy, run_bild = op_run("greedy_verify"), op_run("bild_verify")
 
 
 def run_max_prob(x, be):
@@ -410,7 +401,7 @@ def _random_rows(profile):
         beta, tau = RANDOM_BETA_TAU[s.turn % 4]
         entries += [entry("greedy_verify", run_greedy, s.name + s.suffix, s.dtype, logits_inputs, s.settings, EXACT,
                           (), graph=s.graph),
-                    entry("relaxed_verify", functools.partial(run_relaxed, beta=beta, tau=tau),
+                    entry("relaxed_verify", op_run("relaxed_verify", top_beta=beta, tau=tau),
                           f"{s.name} top_beta={beta} tau={tau}{s.suffix}", s.dtype, logits_inputs, s.settings, EXACT,
                           (), graph=s.graph),
                     entry("bild_verify", run_bild, s.name + s.suffix, s.dtype, bild_inputs,

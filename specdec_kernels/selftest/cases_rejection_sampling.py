@@ -9,8 +9,8 @@ import torch
 
 from .chain_inputs import (ADVERSARIAL_LOGITS_ROWS, CHAIN_OUTPUTS, EDGE_PROBS_ROWS, adversarial_logits,
                            adversarial_probs, alternate_ragged, chain_catalog, chunked, edge_probs, fuzz_probs,
-                           hostile_block_probs, keep_settings, probs_inputs, random_shapes, sampling_logits_inputs,
-                           sampling_modes, seeded_probs_inputs, sweep)
+                           hostile_block_probs, keep_settings, op_run, probs_inputs, random_shapes,
+                           sampling_logits_inputs, sampling_modes, seeded_probs_inputs, sweep)
 from .compare import chain_structure, compare_logits_sampling, exact, with_checks
 from .inputs import ragged, random_probs, seeded_generator
 from .model import DTYPES, Row
@@ -472,34 +472,27 @@ def logits_edges(op, profile, base_compare, block=False):
     return entries
 
 
-def run_rejection_sample(x, be):
-    from .. import ops
-
-    return ops.rejection_sample(**x, backend=be)
-
-
-def run_seeded_rejection_sample(x, be):
-    from .. import ops
-
-    return ops.rejection_sample(**x, seed=1234, backend=be)
+def block_logits_inputs(seed, *, device, batch, g, vocab, dtype, use_ragged, index):
+    """sampling_logits_inputs, per-row temperatures (all 0.8) on every other shape (block verification's)."""
+    x = sampling_logits_inputs(seed, device=device, batch=batch, g=g, vocab=vocab, dtype=dtype, use_ragged=use_ragged)
+    if index % 2:
+        x["temperature"] = torch.full((batch,), 0.8, device=device)
+    return x
 
 
-def run_rejection_sample_logits(x, be):
-    from .. import ops
-
-    return ops.rejection_sample_logits(**x, backend=be)
-
-
-def _random_rows(profile):
+def random_rows(profile, op, logits_op, logits_compare, block=False):
+    """Each random shape and dtype: `op` with uniforms and with a seed, `logits_op` at T = 0.8 (`block`: per-row
+    temperatures on every other shape)."""
     entries = []
     for s in random_shapes(profile):
-        entries += [("rejection_sample", run_rejection_sample,
-                     Row(f"{s.name} uniforms{s.suffix}", s.dtype, probs_inputs, s.settings, EXACT, s.graph)),
-                    ("rejection_sample", run_seeded_rejection_sample,
-                     Row(f"{s.name} seed+offsets{s.suffix}", s.dtype, seeded_probs_inputs, s.settings, EXACT, s.graph)),
-                    ("rejection_sample_logits", run_rejection_sample_logits,
-                     Row(f"{s.name} T=0.8 uniforms{s.suffix}", s.dtype, sampling_logits_inputs, s.settings,
-                         compare_logits_sampling, s.graph))]
+        def row(label, build, settings, compare=EXACT, s=s):
+            return Row(f"{s.name} {label}{s.suffix}", s.dtype, build, settings, compare, s.graph)
+
+        logits = row("T=0.8 uniforms", block_logits_inputs, dict(s.settings, index=s.index), logits_compare) \
+            if block else row("T=0.8 uniforms", sampling_logits_inputs, s.settings, logits_compare)
+        entries += [(op, op_run(op), row("uniforms", probs_inputs, s.settings)),
+                    (op, op_run(op, seed=1234), row("seed+offsets", seeded_probs_inputs, s.settings)),
+                    (logits_op, op_run(logits_op), logits)]
     return entries
 
 
@@ -507,4 +500,5 @@ def rejection_sampling_cases(profile, device):
     """rejection_sample and rejection_sample_logits: the random shapes, then the edges."""
     edges = probs_edges("rejection_sample", profile) + logits_edges("rejection_sample_logits", profile,
                                                                     compare_logits_sampling)
-    return chain_catalog(_random_rows(profile), edges, profile, device)
+    random = random_rows(profile, "rejection_sample", "rejection_sample_logits", compare_logits_sampling)
+    return chain_catalog(random, edges, profile, device)

@@ -3,6 +3,7 @@ cases_block_verification.py) share: their (op, run, Row) entries made Cases, the
 every chain op runs at, sweeps and the randomness modes of the sampling ops, and the crafted rows
 (NaN / inf / ties / padding / out-of-range ids) their edge cases are built from."""
 
+import functools
 import zlib
 from typing import NamedTuple
 
@@ -128,6 +129,17 @@ def sweep(call, settings):
         outs = [call(x, be, s) for s in (settings(x) if callable(settings) else settings)]
         return tuple(torch.cat(parts) for parts in zip(*outs))
     return run
+
+
+def op_run(op, **fixed):
+    """run(x, be): the public op on the inputs and the `fixed` keywords."""
+    return functools.partial(_run_op, op, fixed)
+
+
+def _run_op(op, fixed, x, be):
+    from .. import ops
+
+    return getattr(ops, op)(**x, **fixed, backend=be)
 
 
 def impl(op):
