@@ -55,7 +55,7 @@ def _ops():
 
 
 # ---------------------------------------------------------------------------------------------
-# Builders: inputs(seed, *, device, dtype, <the variant's values>)
+# Builders: inputs(seed, *, device, <the row's settings>)
 
 def logits_inputs(seed, *, device, batch, g, vocab, dtype, use_ragged):
     gen = seeded_generator(device, seed)
@@ -177,14 +177,6 @@ def float32_tau(seed, *, device, vocab):
 def shaped(seed, *, device, dtype, shape, view=None):
     x = (torch.randn(*shape, generator=seeded_generator(device, seed), device=device) * 3.0).to(dtype)
     return dict(logits=x if view is None else view(x))
-
-
-def leading_dims_slice(x):
-    return x[:, :, 1:]
-
-
-def strided_rows(x):
-    return x[:, 2]
 
 
 SPECIAL_PROBS_ROWS = ("all NaN", "all -inf", "one +inf", "one finite", "NaN every other", "one dominant")
@@ -332,7 +324,7 @@ _NAN_NEVER_PASSES = expect("an all-NaN row never passes (NaN NLL) at threshold 0
 
 
 def all_nan_never_passes(got, x, *, counts):
-    """Without counts only (the variants with counts do not check it)."""
+    """Without counts only (the rows with counts do not check it)."""
     return None if counts is not None else _NAN_NEVER_PASSES(got, x)
 
 
@@ -378,8 +370,8 @@ PADDED = expect("[[0,-1,-1,-1],[0,0,0,-1]], [0, 2]",
 
 EXACT = exact(CHAIN_OUTPUTS)
 MAX_PROB_SHAPES = (("[V]", F32, None), ("[B,V]", BF16, None), ("[B,P,V]", torch.float16, None),  # (label, dtype, view)
-                   ("[2,3,3,V] leading dims that do not collapse", F32, leading_dims_slice), ("tiny V", F32, None),
-                   ("V=1", F32, None), ("[B,V] row stride 4V", F32, strided_rows),
+                   ("[2,3,3,V] leading dims that do not collapse", F32, lambda x: x[:, :, 1:]), ("tiny V", F32, None),
+                   ("V=1", F32, None), ("[B,V] row stride 4V", F32, lambda x: x[:, 2]),
                    ("R >= 4 x SMs: one block per row", BF16, None))
 OUT_OF_RANGE = "out-of-range ids -1, V, V+1, -V, 2^40, -2^62 (the backend itself) V={}"
 

@@ -4,6 +4,7 @@ every dtype, then edges: every randomness mode, crafted rows, strided inputs, ou
 the same contract: cases_block_verification.py runs probs_edges / logits_edges for its ops too."""
 
 import functools
+import operator
 
 import torch
 
@@ -47,10 +48,6 @@ TIERS = {  # the sizes of the edge cases: the Triton interpreter at "tiny", prod
 # ---------------------------------------------------------------------------------------------
 # The sampling ops' sweeps: (randomness mode, counts[, temperature]) settings, judged setting by setting
 
-def _settings(x):
-    return x["settings"]
-
-
 def probs_sweep(op, direct=False):
     """op(target, draft, drafts, **mode, num_draft_tokens=counts) over x["settings"]: (mode, counts) pairs."""
     from .. import ops
@@ -60,7 +57,7 @@ def probs_sweep(op, direct=False):
         kwargs, counts = setting
         fn = registry.implementation(op, be) if direct else functools.partial(getattr(ops, op), backend=be)
         return fn(x["target_probs"], x["draft_probs"], x["draft_tokens"], num_draft_tokens=counts, **kwargs)
-    return sweep(call, _settings)
+    return sweep(call, operator.itemgetter("settings"))
 
 
 def with_settings(x, modes, counts_sets=(None,)):
@@ -114,7 +111,7 @@ def logits_sweep(op):
         kwargs, counts, temperature = setting
         return getattr(ops, op)(x["target_logits"], x["draft_logits"], x["draft_tokens"], temperature=temperature,
                                 num_draft_tokens=counts, backend=be, **kwargs)
-    return sweep(call, _settings)
+    return sweep(call, operator.itemgetter("settings"))
 
 
 def logits_settings(x, modes, counts_sets, temperatures):
@@ -134,8 +131,8 @@ def _probs(target, draft, drafts):
 
 
 # ---------------------------------------------------------------------------------------------
-# The probabilities' edge inputs: inputs(seed, *, device, dtype, profile, <the variant's values>),
-# each a sweep over (randomness mode, counts) settings
+# The probabilities' edge inputs: inputs(seed, *, device, <the row's settings>), each a sweep over
+# (randomness mode, counts) settings
 
 def probs_modes(seed, *, device, dtype, profile, batch, g, vocab):
     """Every randomness mode, without and with ragged counts (0, g, 1, g - 1)."""
