@@ -482,14 +482,14 @@ def random_rows(profile, op, logits_op, logits_compare, block=False):
     temperatures on every other shape)."""
     entries = []
     for s in random_shapes(profile):
-        def row(label, build, settings, compare=EXACT, s=s):
-            return Row(f"{s.name} {label}{s.suffix}", s.dtype, build, settings, compare, s.graph)
-
-        logits = row("T=0.8 uniforms", block_logits_inputs, dict(s.settings, index=s.index), logits_compare) \
-            if block else row("T=0.8 uniforms", sampling_logits_inputs, s.settings, logits_compare)
-        entries += [(op, op_run(op), row("uniforms", probs_inputs, s.settings)),
-                    (op, op_run(op, seed=1234), row("seed+offsets", seeded_probs_inputs, s.settings)),
-                    (logits_op, op_run(logits_op), logits)]
+        logits = (block_logits_inputs, dict(s.settings, index=s.index)) if block else (sampling_logits_inputs,
+                                                                                         s.settings)
+        for row_op, run, label, build, settings, compare in (
+                (op, op_run(op), "uniforms", probs_inputs, s.settings, EXACT),
+                (op, op_run(op, seed=1234), "seed+offsets", seeded_probs_inputs, s.settings, EXACT),
+                (logits_op, op_run(logits_op), "T=0.8 uniforms", *logits, logits_compare)):
+            entries.append((row_op, run, Row(f"{s.name} {label}{s.suffix}", s.dtype, build, settings, compare,
+                                             s.graph)))
     return entries
 
 
