@@ -386,6 +386,16 @@ def max_prob_entry(name, dtype, build, settings, checks=()):
     return entry("max_prob", run_max_prob, name, dtype, build, settings, MAX_PROB_CLOSE, checks)
 
 
+def verify_rows(name, dtype, build, settings, relaxed, bild, checks=(STRUCTURE,), relaxed_checks=(STRUCTURE,),
+                max_prob_name=None):
+    """greedy_verify, relaxed_verify (run `relaxed`), bild_verify (run `bild`) on one input set; max_prob on its
+    logits when named."""
+    rows = [entry("greedy_verify", run_greedy, name, dtype, build, settings, checks=checks),
+            entry("relaxed_verify", relaxed, name, dtype, build, settings, checks=relaxed_checks),
+            entry("bild_verify", bild, name, dtype, build, settings)]
+    return rows + ([max_prob_entry(max_prob_name, dtype, logits_only(build), settings)] if max_prob_name else [])
+
+
 def _random_rows(profile):
     """Each random shape and dtype, relaxed_verify's (top_beta, tau) and BiLD's start rotated over them."""
     entries = []
@@ -451,22 +461,15 @@ def _layout_rows(profile, dtype):
     for layout in ("sliced", "position-major", "unaligned"):
         name, x = f"{layout} logits, column-major drafts, strided counts V={vocab}", dict(dtype=dtype, vocab=vocab,
                                                                                            layout=layout)
-        rows += [entry("greedy_verify", run_greedy, name, dtype, strided_inputs, x),
-                 entry("relaxed_verify", relaxed_sweep(((3, 0.0), (2, 0.7), (50, 3.0))), name, dtype, strided_inputs,
-                       x),
-                 entry("bild_verify", bild_sweep((1.0, 5.0)), name, dtype, strided_inputs, x),
-                 max_prob_entry(f"{layout} [3,5,{vocab}]", dtype, logits_only(strided_inputs), x)]
+        rows += verify_rows(name, dtype, strided_inputs, x, relaxed_sweep(((3, 0.0), (2, 0.7), (50, 3.0))),
+                            bild_sweep((1.0, 5.0)), max_prob_name=f"{layout} [3,5,{vocab}]")
     vocab = TIERS["small"][profile]
     x, bonus_only = dict(dtype=dtype, vocab=vocab), (STRUCTURE, BONUS_ONLY)
-    rows += [entry("greedy_verify", run_greedy, f"g=0 V={vocab}", dtype, no_drafts, x, checks=bonus_only),
-             entry("relaxed_verify", relaxed_sweep(((2, 0.7),)), f"g=0 V={vocab}", dtype, no_drafts, x,
-                   checks=bonus_only),
-             entry("bild_verify", bild_sweep((), fixed=(1.0,)), f"g=0 V={vocab}", dtype, no_drafts, x),
-             entry("greedy_verify", run_greedy, "B=0", dtype, empty_batch, x),
-             entry("relaxed_verify", relaxed_sweep(((2, 1.0),)), "B=0", dtype, empty_batch, x),
-             entry("bild_verify", bild_sweep((), fixed=(1.0,)), "B=0", dtype, empty_batch, x),
-             max_prob_entry("[0,4,V]", dtype, logits_only(empty_batch), x),
-             entry("greedy_verify", impl("greedy_verify"),
+    rows += verify_rows(f"g=0 V={vocab}", dtype, no_drafts, x, relaxed_sweep(((2, 0.7),)), bild_sweep((), fixed=(1.0,)),
+                        checks=bonus_only, relaxed_checks=bonus_only)
+    rows += verify_rows("B=0", dtype, empty_batch, x, relaxed_sweep(((2, 1.0),)), bild_sweep((), fixed=(1.0,)),
+                        max_prob_name="[0,4,V]")
+    rows += [entry("greedy_verify", impl("greedy_verify"),
                    f"counts 0, -3, 2, g, g+9 (clamped; the backend itself) V={vocab}", dtype, clamped_counts, x,
                    checks=(STRUCTURE, expect("num_accepted [0, 0, 2, 4, 4]",
                                              lambda got, x: got[1].tolist() == [0, 0, 2, 4, 4])),
@@ -481,11 +484,8 @@ def _layout_rows(profile, dtype):
         if DTYPES[k % len(DTYPES)] == dtype:
             name = f"fuzz B={batch} g={g} V={vocab} specials={special}"
             x = dict(dtype=dtype, batch=batch, g=g, vocab=vocab, special=special, k=k)
-            rows += [entry("greedy_verify", run_greedy, name, dtype, fuzz_inputs, x),
-                     entry("relaxed_verify", relaxed_sweep(FUZZ_SETTINGS), name, dtype, fuzz_inputs, x,
-                           checks=(STRUCTURE, lossless_corner(FUZZ_SETTINGS))),
-                     entry("bild_verify", bild_sweep((0.5, 3.0)), name, dtype, fuzz_inputs, x),
-                     max_prob_entry(name, dtype, logits_only(fuzz_inputs), x)]
+            rows += verify_rows(name, dtype, fuzz_inputs, x, relaxed_sweep(FUZZ_SETTINGS), bild_sweep((0.5, 3.0)),
+                                relaxed_checks=(STRUCTURE, lossless_corner(FUZZ_SETTINGS)), max_prob_name=name)
     return rows
 
 
