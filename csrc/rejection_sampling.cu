@@ -83,9 +83,10 @@ struct Difference {
 
 // The first draft that fails the acceptance test, or n when all pass, to every thread.
 // pq(j, token, p, q) loads the target / draft probabilities of `token` at draft position j.
+// row_passes: null, or row b's [G] bools, which get every draft's own test (false for j >= n).
 template <typename PQ>
 __device__ __forceinline__ int first_rejection(const int64_t* draft_tokens, const Randomness& rnd, int64_t b, int G,
-                                               int n, int V, const PQ& pq, int* s_first) {
+                                               int n, int V, const PQ& pq, bool* row_passes, int* s_first) {
   if (threadIdx.x == 0) *s_first = n;
   __syncthreads();
   for (int j = threadIdx.x; j < n; j += kThreads) {
@@ -97,6 +98,10 @@ __device__ __forceinline__ int first_rejection(const int64_t* draft_tokens, cons
       accept = accept_draft(row_uniform(rnd, b, G, j, j, kSaltAccept), q, p);
     }
     if (!accept) atomicMin(s_first, j);
+    if (row_passes != nullptr) row_passes[j] = accept;  // tested past the first rejection too
+  }
+  if (row_passes != nullptr) {
+    for (int j = n + threadIdx.x; j < G; j += kThreads) row_passes[j] = false;  // slots a ragged row lacks
   }
   __syncthreads();
   return *s_first;
@@ -119,8 +124,9 @@ template <typename T, typename Rows>
 __device__ __forceinline__ void rejection_body(const Rows& rows, const int64_t* __restrict__ draft_tokens,
                                                const int64_t* __restrict__ num_draft_tokens, const Randomness& rnd,
                                                int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted,
-                                               longlong2* totals, unsigned int* counters, int64_t ws_stride, int G,
-                                               int V, int64_t chunk) {
+                                               bool* __restrict__ draft_passes, longlong2* totals,
+                                               unsigned int* counters, int64_t ws_stride, int G, int V,
+                                               int64_t chunk) {
   using Prob = typename Rows::Prob;
   __shared__ reduce::I64Pair sum_scratch[kWarps];
   __shared__ long long scan_scratch[kWarps];
@@ -132,6 +138,8 @@ __device__ __forceinline__ void rejection_body(const Rows& rows, const int64_t* 
   const int64_t split = blockIdx.y;
   const int splits = static_cast<int>(gridDim.y);
   const int n = drafts_in_row(num_draft_tokens, b, G);
+  // every block of the row runs the same tests; split 0 alone writes them (when asked)
+  bool* row_passes = draft_passes != nullptr && split == 0 ? draft_passes + b * G : nullptr;
 
   // ---- 1. num_accepted, recomputed by every block of the row --------------------------
   const int a = first_rejection(
@@ -140,7 +148,7 @@ __device__ __forceinline__ void rejection_body(const Rows& rows, const int64_t* 
         p = rows.target_prob(b, j)(to_float(rows.target_row(b, j)[token]));
         q = rows.draft_prob(b, j)(to_float(rows.draft_row(b, j)[token]));
       },
-      &s_first);
+      row_passes, &s_first);
   const bool rejected = a < n;  // a < n <= G: draft row a exists
   const T* p_row = rows.target_row(b, a);
   const T* q_row = rejected ? rows.draft_row(b, a) : nullptr;  // bonus row: plain p
@@ -206,10 +214,11 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
 rejection_sample_kernel(ProbRows<T> rows, const int64_t* __restrict__ draft_tokens,
                         const int64_t* __restrict__ num_draft_tokens, Randomness rnd,
-                        int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted, longlong2* totals,
-                        unsigned int* counters, int64_t ws_stride, int G, int V, int64_t chunk) {
-  rejection_body<T>(rows, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, totals, counters, ws_stride,
-                    G, V, chunk);
+                        int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted,
+                        bool* __restrict__ draft_passes, longlong2* totals, unsigned int* counters, int64_t ws_stride,
+                        int G, int V, int64_t chunk) {
+  rejection_body<T>(rows, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, draft_passes, totals,
+                    counters, ws_stride, G, V, chunk);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -237,8 +246,8 @@ rejection_sample_logits_kernel(LogitRows<T> rows, const int64_t* __restrict__ dr
                                int64_t* __restrict__ out_tokens, int64_t* __restrict__ num_accepted,
                                longlong2* totals, unsigned int* counters, int64_t ws_stride, int G, int V,
                                int64_t chunk) {
-  rejection_body<T>(rows, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, totals, counters, ws_stride,
-                    G, V, chunk);
+  rejection_body<T>(rows, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, nullptr, totals, counters,
+                    ws_stride, G, V, chunk);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -268,13 +277,13 @@ dim3 grid_of(const plans::Launch& l) {
 template <typename T>
 void launch_probs_typed(const void* target, int64_t t_sb, int64_t t_sg, const void* draft, int64_t q_sb,
                         int64_t q_sg, const int64_t* draft_tokens, const int64_t* num_draft_tokens,
-                        const Randomness& rnd, int64_t* out_tokens, int64_t* num_accepted, longlong2* totals,
-                        unsigned int* counters, int64_t ws_stride, int64_t G, int64_t V, const plans::Plan& plan,
-                        cudaStream_t stream) {
+                        const Randomness& rnd, int64_t* out_tokens, int64_t* num_accepted, bool* draft_passes,
+                        longlong2* totals, unsigned int* counters, int64_t ws_stride, int64_t G, int64_t V,
+                        const plans::Plan& plan, cudaStream_t stream) {
   const plans::Launch& l = plan.launches.at(0);
   const ProbRows<T> rows{static_cast<const T*>(target), t_sb, t_sg, static_cast<const T*>(draft), q_sb, q_sg};
   rejection_sample_kernel<T><<<grid_of(l), l.block, l.dynamic_smem, stream>>>(
-      rows, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, totals, counters, ws_stride,
+      rows, draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, draft_passes, totals, counters, ws_stride,
       static_cast<int>(G), static_cast<int>(V), plan.at("chunk"));
 }
 
@@ -316,7 +325,8 @@ void launch_rejection_sample(const void* target_probs, int64_t target_stride_b, 
                              const int64_t* draft_tokens, const int64_t* num_draft_tokens,
                              const void* uniforms, bool uniforms_float64, int64_t seed, const int64_t* seeds,
                              const int64_t* offsets, int64_t* out_tokens, int64_t* num_accepted,
-                             void* workspace, int64_t B, int64_t G, int64_t V, int dtype, cudaStream_t stream) {
+                             bool* draft_passes, void* workspace, int64_t B, int64_t G, int64_t V, int dtype,
+                             cudaStream_t stream) {
   const char* op = "rejection_sample";
   const plans::Plan plan = plans::plan_rejection_sample(B, G, V, current_device_limits());
   check_arg(plan.ok(), op, plan.refusal.c_str());
@@ -332,8 +342,8 @@ void launch_rejection_sample(const void* target_probs, int64_t target_stride_b, 
   dispatch_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     launch_probs_typed<T>(target_probs, target_stride_b, target_stride_g, draft_probs, draft_stride_b, draft_stride_g,
-                          draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, totals, counters, ws_stride, G,
-                          V, plan, stream);
+                          draft_tokens, num_draft_tokens, rnd, out_tokens, num_accepted, draft_passes, totals,
+                          counters, ws_stride, G, V, plan, stream);
   });
   SPECDEC_CUDA_CHECK(cudaGetLastError());
 }

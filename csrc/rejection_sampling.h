@@ -23,6 +23,9 @@ namespace specdec {
 //                     seed per row (row key 0); otherwise the int `seed` (row key = b).
 //                     offsets: int64 [B] contiguous or null (= 0), seeded modes only.
 //   out_tokens:       int64 [B, G+1] contiguous; num_accepted: int64 [B].
+//   draft_passes:     bool [B, G] contiguous or null (rejection_sample only): each draft's own
+//                     acceptance test on the call's coins, also after the first rejection; false
+//                     for j >= num_draft_tokens[b] and for ids outside [0, V).
 //   workspace:        the *_workspace_bytes(...) zeroed bytes, 16-byte aligned. The kernel
 //                     returns every byte it used to zero, so one buffer is reused across
 //                     calls and graph replays on the same stream (never two streams at once).
@@ -38,7 +41,8 @@ void launch_rejection_sample(const void* target_probs, int64_t target_stride_b, 
                              const int64_t* draft_tokens, const int64_t* num_draft_tokens,
                              const void* uniforms, bool uniforms_float64, int64_t seed, const int64_t* seeds,
                              const int64_t* offsets, int64_t* out_tokens, int64_t* num_accepted,
-                             void* workspace, int64_t B, int64_t G, int64_t V, int dtype, cudaStream_t stream);
+                             bool* draft_passes, void* workspace, int64_t B, int64_t G, int64_t V, int dtype,
+                             cudaStream_t stream);
 
 // Zeroed workspace rejection_sample_logits needs.
 uint64_t rejection_sample_logits_workspace_bytes(int64_t B, int64_t G, int64_t V);

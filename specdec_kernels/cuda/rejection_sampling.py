@@ -39,8 +39,9 @@ def _row_inputs(draft_tokens, num_draft_tokens, uniforms, seed, offsets) -> tupl
 
 
 def rejection_sample(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None, offsets=None,
-                     num_draft_tokens=None):
-    """CUDA `rejection_sample` on validated inputs (see specdec_kernels.ops.rejection_sample)."""
+                     num_draft_tokens=None, draft_passes=None):
+    """CUDA `rejection_sample` on validated inputs (see specdec_kernels.ops.rejection_sample); the kernel
+    writes `draft_passes` (bool [B, g] contiguous) when it is given."""
     lib = library()
     batch, g, vocab, device, out_tokens, num_accepted = chain_launch(target_probs, draft_tokens)
     if batch == 0:
@@ -53,8 +54,8 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, *, uniforms=None, 
             target_probs.data_ptr(), target_probs.stride(0), target_probs.stride(1),
             draft_probs.data_ptr() if g > 0 else 0, draft_probs.stride(0), draft_probs.stride(1),
             draft_tokens.data_ptr(), pointer(counts), pointer(uniforms), uniforms_f64, seed_int, pointer(seeds),
-            pointer(offsets), out_tokens.data_ptr(), num_accepted.data_ptr(), workspace.data_ptr(), batch, g, vocab,
-            DTYPE_CODES[target_probs.dtype], stream_handle(device))
+            pointer(offsets), out_tokens.data_ptr(), num_accepted.data_ptr(), pointer(draft_passes),
+            workspace.data_ptr(), batch, g, vocab, DTYPE_CODES[target_probs.dtype], stream_handle(device))
     return out_tokens, num_accepted
 
 
