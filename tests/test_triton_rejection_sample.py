@@ -22,7 +22,7 @@ import triton.language as tl
 from catalog_support import catalog_cases, check_case
 
 from specdec_kernels import ops, reference
-from specdec_kernels.common import rng
+from specdec_kernels.common import draws, rng
 from specdec_kernels.selftest.chain_inputs import edge_probs
 from specdec_kernels.triton import _philox, _split_plans
 from specdec_kernels.triton import rejection_sampling as triton_module
@@ -193,3 +193,50 @@ def test_batch_invariance_with_row_seeds():
     one = ops.rejection_sample(target[b:b + 1], draft[b:b + 1], drafts[b:b + 1], seed=seeds[b:b + 1],
                                offsets=offsets[b:b + 1], num_draft_tokens=counts[b:b + 1], backend="triton")
     assert torch.equal(one[0][0], out[b]) and int(one[1][0]) == int(accepted[b])
+
+
+# ------------------------------------------------------------------ the per-draft output
+
+def passes_inputs(batch, g, vocab):
+    """make_inputs with -1 padding, ids at V and beyond (the backends, unlike the op on a CPU, take
+    them: a GPU's ids are not inspected), a NaN target row and ragged counts."""
+    gen = torch.Generator().manual_seed(batch * 100 + vocab)
+    target, draft, drafts = make_inputs(batch, g, vocab, torch.float32, gen, zero_frac=0.4)
+    drafts[0, 1], drafts[2, 0], drafts[3, g - 1] = -1, vocab, vocab + 40
+    target[4] = float("nan")
+    counts = torch.tensor([g, g, 1, g, g, 0, g - 1][:batch])
+    return gen, target, draft, drafts, counts
+
+
+def own_tests(target, draft, drafts, counts, kwargs):
+    """What the output must hold: common.draws.draft_passes on the call's coins, only on existing slots."""
+    batch, g = drafts.shape
+    coins = draws.ChainCoins(kwargs.get("uniforms"), kwargs.get("seed"), kwargs.get("offsets"), batch, g, "cpu")
+    return draws.draft_passes(target, draft, drafts, coins.accept) & (torch.arange(g) < counts.unsqueeze(1))
+
+
+def passes_of(sample, target, draft, drafts, **kwargs):
+    passes = torch.ones(drafts.shape, dtype=torch.bool)  # every slot must be written, False ones too
+    return sample(target, draft, drafts, draft_passes=passes, **kwargs), passes
+
+
+def test_draft_passes_output():
+    """The Triton kernel's per-draft output equals common.draws.draft_passes on the same coins (drafts
+    after the first rejection tested too; False on missing slots, out-of-range ids and the NaN row), in
+    every randomness mode and on a final row split over 3 programs (split 0 writes); asking for it leaves
+    the other outputs as they were."""
+    batch, g, vocab = 7, 4, 40
+    gen, target, draft, drafts, counts = passes_inputs(batch, g, vocab)
+    for kwargs in all_modes(batch, g, gen):
+        plain = reference.rejection_sample(target, draft, drafts, num_draft_tokens=counts, **kwargs)
+        want = own_tests(target, draft, drafts, counts, kwargs)
+        for plan in (dict(), dict(block_v=16, min_tiles=1)):
+            got_out, got = passes_of(triton_module._launch, target, draft, drafts, num_draft_tokens=counts, **plan,
+                                     **kwargs)
+            assert torch.equal(got, want), (plan, sorted(kwargs), got.int().tolist(), want.int().tolist())
+            assert all(torch.equal(a, b) for a, b in zip(got_out, plain)), (plan, sorted(kwargs))
+        # the cases tell positions apart: a pass moved by one draft would be caught
+        assert not torch.equal(want.roll(1, dims=1), want)
+        # a draft past the first rejection that passes: what only the per-draft output shows
+        assert bool((want & (torch.arange(g) > plain[1].unsqueeze(1))).any()), sorted(kwargs)
+    assert not bool(want[4].any()) and not bool(want[5].any())  # the NaN row, the row without drafts

@@ -28,10 +28,11 @@ def _optional(tensor, placeholder: torch.Tensor, *dims: int) -> tuple:
 def launch_split_v(kernel, programs: int, tickets: torch.Tensor, target, draft, draft_tokens, out_tokens,
                    num_accepted, *, uniforms=None, seed=None, offsets=None, num_draft_tokens=None, temperature=1.0,
                    stats=None, block_v: int = BLOCK_V, min_tiles: int = MIN_TILES, max_tiles: int = MAX_TILES,
-                   target_programs: int = TARGET_PROGRAMS) -> None:
+                   target_programs: int = TARGET_PROGRAMS, kernel_args: dict | None = None) -> None:
     """Launch `kernel` (B >= 1) on grid (programs, V-splits), the split plan made for `programs`
     rows. `stats` = (part_max, part_sum) [B * (2g + 1), splits] float32 softmax statistics when
-    target/draft hold logits (LOGITS), else None."""
+    target/draft hold logits (LOGITS), else None. `kernel_args`: keyword arguments of one kernel's
+    own trailing parameters (the chain kernel's optional per-draft output)."""
     batch, g = draft_tokens.shape
     vocab = target.shape[-1]
     block_v, tiles, num_splits = sampling_plan(programs, vocab, block_v, min_tiles, max_tiles, target_programs)
@@ -62,7 +63,8 @@ def launch_split_v(kernel, programs: int, tickets: torch.Tensor, target, draft, 
             RANDOM=mode, HAS_OFFSETS=offsets is not None and mode != UNIFORMS.value,
             HAS_COUNTS=num_draft_tokens is not None, LOGITS=logits, PER_ROW_TEMP=per_row_temp,
             BLOCK_G=max(2, triton.next_power_of_2(g + 1)), BLOCK_V=block_v,
-            BLOCK_S=max(2, triton.next_power_of_2(most_splits)), BLOCK_SS=max(2, triton.next_power_of_2(stat_splits)))
+            BLOCK_S=max(2, triton.next_power_of_2(most_splits)), BLOCK_SS=max(2, triton.next_power_of_2(stat_splits)),
+            **(kernel_args or {}))
 
 
 def launch_on_probs(launch, target_probs, draft_probs, draft_tokens, **options) -> tuple:

@@ -40,7 +40,7 @@ def _rejection_sample_kernel(
         stride_s, stride_o, stride_c, stride_temp, stride_ob,
         RANDOM: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_COUNTS: tl.constexpr, LOGITS: tl.constexpr,
         PER_ROW_TEMP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr,
-        BLOCK_SS: tl.constexpr):
+        BLOCK_SS: tl.constexpr, passes_ptr, STORE_PASSES: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1).to(tl.int64)
     n = drafts_in_row(counts_ptr, b, stride_c, g, HAS_COUNTS)
@@ -62,6 +62,8 @@ def _rejection_sample_kernel(
     # u * q < p without dividing: q == 0 < p accepts, p == 0 and NaN never do
     accept = (coins * q_tok < p_tok) & valid
     num_acc = tl.min(tl.where(accept, g, j), axis=0).to(tl.int64)  # first rejected slot, or n
+    if STORE_PASSES:  # every program of the row has the same lanes; split 0 stores them (False past n)
+        tl.store(passes_ptr + b * g + j, accept, mask=(j < g) & (split == 0))
 
     # ---- this program's chunk of the final row
     rejected = num_acc < n  # residual at the first rejection; otherwise the bonus row (plain p)
@@ -95,11 +97,15 @@ def _rejection_sample_kernel(
         reset_ticket(tickets_ptr + b)
 
 
-def launch_chain(target, draft, draft_tokens, out_tokens, num_accepted, **options) -> None:
-    """Launch the chain kernel (B >= 1): a program per batch row on grid x (see launch_split_v)."""
+def launch_chain(target, draft, draft_tokens, out_tokens, num_accepted, *, draft_passes=None, **options) -> None:
+    """Launch the chain kernel (B >= 1): a program per batch row on grid x (see launch_split_v); it
+    writes each draft's own test to `draft_passes` (bool [B, g] contiguous) when that is given."""
     batch = draft_tokens.shape[0]
+    # without the output the flag is off and the placeholder pointer is never written
+    passes = dict(passes_ptr=draft_tokens if draft_passes is None else draft_passes,
+                  STORE_PASSES=draft_passes is not None)
     launch_split_v(_rejection_sample_kernel, batch, zeroed_counters(draft_tokens.device, batch), target, draft,
-                   draft_tokens, out_tokens, num_accepted, **options)
+                   draft_tokens, out_tokens, num_accepted, kernel_args=passes, **options)
 
 
 # The planned launch; tests force split plans through its keywords (block_v, min_tiles, ...).
@@ -107,10 +113,10 @@ _launch = functools.partial(launch_on_probs, launch_chain)
 
 
 def rejection_sample(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None, offsets=None,
-                     num_draft_tokens=None):
+                     num_draft_tokens=None, draft_passes=None):
     """Triton `rejection_sample` on validated inputs (see specdec_kernels.ops.rejection_sample)."""
     return _launch(target_probs, draft_probs, draft_tokens, uniforms=uniforms, seed=seed, offsets=offsets,
-                   num_draft_tokens=num_draft_tokens)
+                   num_draft_tokens=num_draft_tokens, draft_passes=draft_passes)
 
 
 register("rejection_sample", "triton", rejection_sample)
