@@ -32,11 +32,15 @@ def _opcheck_cases():
     caches = lambda: [torch.randn(B, 2, 10, 8, generator=g) for _ in range(2)]  # noqa: E731
     return [
         ("rejection_sample", "uniforms", (_probs(g, B, G + 1, V), _probs(g, B, G, V), tokens, torch.rand(B, G + 1, generator=g),
-                                          None, None, None, torch.tensor([3, 1]), "torch")),
+                                          None, None, None, torch.tensor([3, 1]), None, "torch")),
         ("rejection_sample", "seed", (_probs(g, B, G + 1, V), _probs(g, B, G, V), tokens, None, 7, None,
-                                      torch.tensor([0, 5]), None, "torch")),
+                                      torch.tensor([0, 5]), None, None, "torch")),
         ("rejection_sample", "seeds", (_probs(g, B, G + 1, V), _probs(g, B, G, V), tokens, None, None,
-                                       torch.tensor([1, 2]), None, None, "torch")),
+                                       torch.tensor([1, 2]), None, None, None, "torch")),
+        # the optional per-draft output is a declared mutated argument
+        ("rejection_sample", "draft_passes", (_probs(g, B, G + 1, V), _probs(g, B, G, V), tokens,
+                                              torch.rand(B, G + 1, generator=g), None, None, None, torch.tensor([3, 1]),
+                                              torch.zeros(B, G, dtype=torch.bool), "torch")),
         ("rejection_sample_logits", "temperature", (torch.randn(B, G + 1, V, generator=g), torch.randn(B, G, V, generator=g),
                                                     tokens, 0.7, None, torch.rand(B, G + 1, generator=g), None, None, None,
                                                     None, "torch")),
@@ -167,6 +171,22 @@ DYNAMIC_CALLS = {
     "tree_attention": lambda x: ops.tree_attention(x["q"], x["k_cache"], x["v_cache"], x["seq_lens"], x["parents"]),
     "early_exit_topk": lambda x: ops.early_exit_topk(x["hidden"], x["norm_weight"], x["lm_head"], 3),
 }
+
+
+def test_compile_fullgraph_writes_draft_passes():
+    """rejection_sample's mutated output argument survives functionalisation: the compiled call fills
+    the caller's tensor as eager does."""
+    torch._dynamo.reset()
+    inputs = _compile_inputs(2)
+
+    def sample(passes):
+        return ops.rejection_sample(inputs["target_probs"], inputs["draft_probs"], inputs["drafts"],
+                                    uniforms=inputs["uniforms"], draft_passes=passes)
+
+    want_passes, got_passes = torch.zeros(2, G, dtype=torch.bool), torch.ones(2, G, dtype=torch.bool)
+    want = sample(want_passes)
+    _assert_same(torch.compile(sample, fullgraph=True, backend="aot_eager")(got_passes), want)
+    assert torch.equal(got_passes, want_passes)
 
 
 @pytest.mark.parametrize("name", list(DYNAMIC_CALLS))

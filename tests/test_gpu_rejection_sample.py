@@ -146,6 +146,65 @@ def test_cuda_graph_capture_and_replay(mode):
     assert cached_workspaces_are_zero()
 
 
+def _passes_of(backend, target, draft, drafts, **kwargs):
+    passes = torch.ones(drafts.shape, dtype=torch.bool, device=DEV)  # every slot overwritten, False ones too
+    out = ops.rejection_sample(target, draft, drafts, draft_passes=passes, backend=backend, **kwargs)
+    return out, passes
+
+
+@pytest.mark.parametrize("backend", ("cuda", "triton"))
+def test_draft_passes_output_matches_the_reference(backend):
+    """The optional per-draft output on a split final row (V = 151936: many blocks per row, split 0
+    writes) equals the reference's, in both randomness modes, with ragged rows, -1 ids (the op does
+    not inspect GPU ids) and a NaN row; the op's other outputs are unchanged by asking for it."""
+    skip_unless_backend("rejection_sample", backend, "cuda")
+    gen = torch.Generator(device=DEV).manual_seed(21)
+    batch, g, vocab = 9, 5, 151936
+    target, draft, drafts = make_probs(batch, g, vocab, torch.bfloat16, gen)
+    drafts[1, 2], drafts[4, 0] = -1, -1
+    target[5] = float("nan")
+    counts = torch.tensor([5, 3, 0, 5, 2, 5, 1, 4, 5], device=DEV)
+    modes = (dict(uniforms=uniforms(batch, g, gen, torch.float64)),
+             dict(seed=torch.randint(0, 2**62, (batch,), device=DEV, generator=gen),
+                  offsets=torch.arange(batch, device=DEV) * 7))
+    for kwargs in modes:
+        got, got_passes = _passes_of(backend, target, draft, drafts, num_draft_tokens=counts, **kwargs)
+        want, want_passes = _passes_of("torch", target, draft, drafts, num_draft_tokens=counts, **kwargs)
+        assert torch.equal(got_passes, want_passes), sorted(kwargs)
+        plain = ops.rejection_sample(target, draft, drafts, num_draft_tokens=counts, backend=backend, **kwargs)
+        assert all(torch.equal(x, y) for x, y in zip(got, want)) and all(torch.equal(x, y) for x, y in zip(got, plain))
+        assert not bool(got_passes[5].any()) and not bool(got_passes[2].any())
+
+
+def test_draft_passes_output_in_a_cuda_graph():
+    """A captured call writes the caller's draft_passes buffer on every replay."""
+    gen = torch.Generator(device=DEV).manual_seed(22)
+    batch, g, vocab = 4, 3, 32000
+    target, draft, drafts = make_probs(batch, g, vocab, torch.float32, gen)
+    u = uniforms(batch, g, gen, torch.float32)
+    passes = torch.zeros(batch, g, dtype=torch.bool, device=DEV)
+
+    def call():
+        return ops.rejection_sample(target, draft, drafts, uniforms=u, draft_passes=passes, backend="cuda")
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()  # warm-up: the per-stream workspace exists before capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for step in range(3):
+        new_t, new_q, new_d = make_probs(batch, g, vocab, torch.float32, gen)
+        target.copy_(new_t), draft.copy_(new_q), drafts.copy_(new_d)
+        u.copy_(uniforms(batch, g, gen, torch.float32))
+        passes.fill_(True)
+        graph.replay()
+        _, want = _passes_of("torch", target, draft, drafts, uniforms=u)
+        assert torch.equal(passes, want), step
+
+
 def _chi_square(counts, probs):
     expected = probs * counts.sum()
     keep = expected > 0

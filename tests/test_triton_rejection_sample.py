@@ -221,15 +221,18 @@ def passes_of(sample, target, draft, drafts, **kwargs):
 
 
 def test_draft_passes_output():
-    """The Triton kernel's per-draft output equals common.draws.draft_passes on the same coins (drafts
-    after the first rejection tested too; False on missing slots, out-of-range ids and the NaN row), in
-    every randomness mode and on a final row split over 3 programs (split 0 writes); asking for it leaves
-    the other outputs as they were."""
+    """The Triton kernel's per-draft output equals the reference's and common.draws.draft_passes on the
+    same coins (drafts after the first rejection tested too; False on missing slots, out-of-range ids and
+    the NaN row), in every randomness mode and on a final row split over 3 programs (split 0 writes);
+    asking for it leaves the other outputs (the reference's too) as they were."""
     batch, g, vocab = 7, 4, 40
     gen, target, draft, drafts, counts = passes_inputs(batch, g, vocab)
     for kwargs in all_modes(batch, g, gen):
         plain = reference.rejection_sample(target, draft, drafts, num_draft_tokens=counts, **kwargs)
-        want = own_tests(target, draft, drafts, counts, kwargs)
+        want_out, want = passes_of(reference.rejection_sample, target, draft, drafts, num_draft_tokens=counts,
+                                   **kwargs)
+        assert torch.equal(want, own_tests(target, draft, drafts, counts, kwargs)), sorted(kwargs)
+        assert all(torch.equal(a, b) for a, b in zip(want_out, plain))
         for plan in (dict(), dict(block_v=16, min_tiles=1)):
             got_out, got = passes_of(triton_module._launch, target, draft, drafts, num_draft_tokens=counts, **plan,
                                      **kwargs)
@@ -240,3 +243,22 @@ def test_draft_passes_output():
         # a draft past the first rejection that passes: what only the per-draft output shows
         assert bool((want & (torch.arange(g) > plain[1].unsqueeze(1))).any()), sorted(kwargs)
     assert not bool(want[4].any()) and not bool(want[5].any())  # the NaN row, the row without drafts
+
+
+def test_draft_passes_output_through_the_op():
+    """ops.rejection_sample(backend="triton", draft_passes=...) with the op's checks: -1 padding, ragged
+    rows, g = 0 (an empty output)."""
+    batch, g, vocab = 6, 3, 19
+    gen = torch.Generator().manual_seed(5)
+    target, draft, drafts = make_inputs(batch, g, vocab, torch.bfloat16, gen)
+    drafts[1, 0] = -1
+    counts = torch.tensor([3, 3, 2, 0, 1, 3])
+    for kwargs in (dict(uniforms=uniforms(batch, g, gen, torch.float32)), dict(seed=11, offsets=torch.arange(batch))):
+        got_out, got = passes_of(ops.rejection_sample, target, draft, drafts, num_draft_tokens=counts,
+                                 backend="triton", **kwargs)
+        want_out, want = passes_of(ops.rejection_sample, target, draft, drafts, num_draft_tokens=counts,
+                                   backend="torch", **kwargs)
+        assert torch.equal(got, want) and all(torch.equal(a, b) for a, b in zip(got_out, want_out)), sorted(kwargs)
+    empty = torch.ones(batch, 0, dtype=torch.bool)
+    ops.rejection_sample(target[:, :1], draft[:, :0], drafts[:, :0], uniforms=torch.rand(batch, 1),
+                         draft_passes=empty, backend="triton")

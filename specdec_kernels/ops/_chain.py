@@ -1,7 +1,8 @@
 """What the chain-draft ops share (rejection_sampling, logit_verify, block_verification): the sizes the
 backends' launch limits read, the fake of their outputs, the argument checks, and the custom ops of the
-four speculative-sampling ops (on probabilities or logits), which differ only in name. Each op module
-still resolves its own backend (tests watch `resolve` there).
+speculative-sampling ops (on probabilities or logits), which differ only in name; rejection_sample defines
+its own, probs_sampling_op's schema plus its optional per-draft output. Each op module still resolves its
+own backend (tests watch `resolve` there).
 
 Shapes: B rows, g drafts per row, vocabulary V. Outputs of every chain verify op: `output_tokens [B, g+1]`
 int64 (the accepted drafts, then one correction or bonus token, then -1 padding) and `num_accepted [B]`

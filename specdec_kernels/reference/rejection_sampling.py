@@ -3,25 +3,28 @@ specification of `ops.rejection_sample` and `ops.rejection_sample_logits` (refer
 
 import torch
 
-from ..common.draws import ChainCoins, draft_passes
+from ..common import draws
 from ..common.sampling import as_int64, sample_with_fallback, to_weights
 from ._chain import draft_mask, emit, on_logits, row_at
 
 
 def rejection_sample(target_probs, draft_probs, draft_tokens, *, uniforms=None, seed=None, offsets=None,
-                     num_draft_tokens=None):
+                     num_draft_tokens=None, draft_passes=None):
     """Leviathan et al. Algorithm 1 (speculative sampling), see ops.rejection_sample.
 
     Randomness: uniforms [B, g+1] (coins for drafts 0..g-1, then the final draw), or the
-    counter-based draws (seed, offsets[b] + position, row key) of `rng`.
+    counter-based draws (seed, offsets[b] + position, row key) of `rng`. draft_passes: None, or
+    bool [B, g] that receives every existing draft's own test (the `accept` below).
     """
     draft_tokens, num_draft_tokens = as_int64(draft_tokens), as_int64(num_draft_tokens)
     batch, g = draft_tokens.shape
     device = draft_tokens.device
     exists = draft_mask(draft_tokens, num_draft_tokens)
-    coins = ChainCoins(uniforms, seed, offsets, batch, g, device)
+    coins = draws.ChainCoins(uniforms, seed, offsets, batch, g, device)
     # u * q < p  <=>  u < p / q without dividing; q == 0 < p accepts (the limit of min(1, p/q))
-    accept = draft_passes(target_probs, draft_probs, draft_tokens, coins.accept) & exists
+    accept = draws.draft_passes(target_probs, draft_probs, draft_tokens, coins.accept) & exists
+    if draft_passes is not None:
+        draft_passes.copy_(accept)
 
     def final_token(num_accepted):
         u = coins.final(num_accepted)
