@@ -1,5 +1,6 @@
 """The random draws of a chain call, keyed as every backend keys them (see common/rng.py), and each
-draft's own acceptance test: shared by the reference ops and the adapters that report per-draft counts."""
+draft's own acceptance test: shared by the reference ops, the selftest's checks and FlashInfer's legacy
+adapter (which needs the first rejection before the call, to lay out its uniforms)."""
 
 import torch
 

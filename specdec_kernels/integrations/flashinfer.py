@@ -6,10 +6,10 @@
 `chain_speculative_sampling` takes the arguments of `flashinfer.sampling.chain_speculative_sampling` (its
 form since FlashInfer's PR #912; `TRACKS`), `chain_speculative_sampling_legacy` the uniform-samples form it
 replaced. Kept from FlashInfer: argument names, order and defaults, the int32 output padded with -1, the
-in-place counters, the randomness rule and the distribution of every output. `accepted_num` counts each
-draft's own test (`common.draws.draft_passes`, the test the op accepts a prefix of) on the op's own
-uniforms. Nothing here imports FlashInfer. What still differs, random streams first:
-docs/flashinfer-sglang.md.
+in-place counters, the randomness rule and the distribution of every output. `accepted_num` counts the
+drafts whose own test passed, as the op reports them in its per-draft output (`draft_passes`: the test it
+accepts a prefix of, on its own coins). Nothing here imports FlashInfer. What still differs, random
+streams first: docs/flashinfer-sglang.md.
 """
 
 from typing import Optional, Union
@@ -20,7 +20,7 @@ from torch import Tensor
 from .. import ops
 from ..common import rng
 from ..common import validate as check
-from ..common.draws import ChainCoins, draft_passes
+from ..common.draws import draft_passes
 
 OP = "chain_speculative_sampling"
 # the upstream this adapter tracks: FlashInfer's main branch at commit 17ab765, where seed/offset tensors
@@ -148,6 +148,11 @@ def _accumulate(counter: Optional[Tensor], counts: Tensor) -> Tensor:
     return counter.add_(counts.to(counter.dtype))
 
 
+def _new_passes(batch: int, g: int, device: torch.device) -> Tensor:
+    """The buffer ops.rejection_sample fills with each draft's own test: bool [B, g]."""
+    return torch.empty((batch, g), dtype=torch.bool, device=device)
+
+
 def _finish(output_tokens: Tensor, num_accepted: Tensor, passes: Tensor, accepted_counter, emitted_counter):
     accepted = _accumulate(accepted_counter, passes.sum(dim=1))
     emitted = _accumulate(emitted_counter, num_accepted)
@@ -221,18 +226,15 @@ def chain_speculative_sampling(
 
     q, p = _op_probs(draft_probs, target_probs)
     ids = _op_ids(draft_token_ids)
+    passes = _new_passes(batch, g, device)  # every draft's own test, also past the first rejection
     if seed is None or offset is None:
         source = generator.device if generator is not None else device
         uniforms = torch.rand((batch, g + 1), dtype=torch.float64, generator=generator, device=source).to(device)
-        out, num_accepted = ops.rejection_sample(p, q, ids, uniforms=uniforms, backend=backend)
-        coins = uniforms[:, :g]
+        out, num_accepted = ops.rejection_sample(p, q, ids, uniforms=uniforms, draft_passes=passes, backend=backend)
     else:
         seeds, offsets = _seeds_and_offsets(seed, offset, batch, device)
-        out, num_accepted = ops.rejection_sample(p, q, ids, seed=seeds, offsets=offsets, backend=backend)
-        # the op's own coins (the reference's counter layout for per-request seeds), every position,
-        # also past the first rejection
-        coins = ChainCoins(None, seeds, offsets, batch, g, device).accept
-    passes = draft_passes(p, q, ids, coins)
+        out, num_accepted = ops.rejection_sample(p, q, ids, seed=seeds, offsets=offsets, draft_passes=passes,
+                                                 backend=backend)
     return _finish(out, num_accepted, passes, maybe_output_accepted_token_num, maybe_output_emitted_draft_token_num)
 
 
@@ -279,11 +281,13 @@ def chain_speculative_sampling_legacy(
     q, p = _op_probs(draft_probs, target_probs)
     ids = _op_ids(draft_token_ids)
     coins = uniform_samples[:, :g]
-    passes = draft_passes(p, q, ids, coins)
-    first_rejection = torch.cumprod(passes.to(torch.int64), dim=1).sum(dim=1)  # == the op's num_accepted
+    # FlashInfer's layout puts the final draw's uniform after the first rejection, which the op's uniforms
+    # must hold before the call: only that column needs the tests here; the counts come from the op
+    first_rejection = torch.cumprod(draft_passes(p, q, ids, coins).to(torch.int64), dim=1).sum(dim=1)
     final_column = (first_rejection + 1).clamp(max=g).unsqueeze(1)
     uniforms = torch.cat([coins, uniform_samples.gather(1, final_column)], dim=1)
-    out, num_accepted = ops.rejection_sample(p, q, ids, uniforms=uniforms, backend=backend)
+    passes = _new_passes(batch, g, draft_probs.device)
+    out, num_accepted = ops.rejection_sample(p, q, ids, uniforms=uniforms, draft_passes=passes, backend=backend)
     return _finish(out, num_accepted, passes, maybe_output_accepted_token_num, maybe_output_emitted_token_num)
 
 
