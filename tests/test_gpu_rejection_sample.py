@@ -107,6 +107,20 @@ def test_repeated_calls_reuse_the_workspace():
     assert cached_workspaces_are_zero()
 
 
+def captured(call):
+    """(graph, outputs): call captured in a CUDA graph after a warm-up on a side stream, so that the per-stream
+    workspace exists before the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = call()
+    return graph, outputs
+
+
 @pytest.mark.parametrize("mode", ("uniforms", "seeds"))
 def test_cuda_graph_capture_and_replay(mode):
     gen = torch.Generator(device=DEV).manual_seed(9)
@@ -122,14 +136,7 @@ def test_cuda_graph_capture_and_replay(mode):
     def call():
         return ops.rejection_sample(target, draft, drafts, num_draft_tokens=counts, backend="cuda", **kwargs)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()  # warm-up: the per-stream workspace exists before capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out, static_acc = call()
+    graph, (static_out, static_acc) = captured(call)
     for step in range(4):
         new_t, new_q, new_d = make_probs(batch, g, vocab, torch.float16, gen)
         target.copy_(new_t), draft.copy_(new_q), drafts.copy_(new_d)
@@ -187,14 +194,7 @@ def test_draft_passes_output_in_a_cuda_graph():
     def call():
         return ops.rejection_sample(target, draft, drafts, uniforms=u, draft_passes=passes, backend="cuda")
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()  # warm-up: the per-stream workspace exists before capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph, _ = captured(call)
     for step in range(3):
         new_t, new_q, new_d = make_probs(batch, g, vocab, torch.float32, gen)
         target.copy_(new_t), draft.copy_(new_q), drafts.copy_(new_d)
