@@ -62,8 +62,9 @@ def _rejection_sample_kernel(
     # u * q < p without dividing: q == 0 < p accepts, p == 0 and NaN never do
     accept = (coins * q_tok < p_tok) & valid
     num_acc = tl.min(tl.where(accept, g, j), axis=0).to(tl.int64)  # first rejected slot, or n
-    if STORE_PASSES:  # every program of the row has the same lanes; split 0 stores them (False past n)
-        tl.store(passes_ptr + b * g + j, accept, mask=(j < g) & (split == 0))
+    if STORE_PASSES:
+        if split == 0:  # every program of the row has the same lanes; split 0 stores them (False past n)
+            tl.store(passes_ptr + b * g + j, accept, mask=j < g)
 
     # ---- this program's chunk of the final row
     rejected = num_acc < n  # residual at the first rejection; otherwise the bonus row (plain p)
