@@ -22,6 +22,7 @@ from catalog_support import check_case, gpu_catalog, gpu_profile, skip_unless_ba
 from gpu_support import CUDA_KERNEL_MARKS  # noqa: E402
 from specdec_kernels import ops  # noqa: E402
 from specdec_kernels.selftest.compare import compare_logits_sampling  # noqa: E402
+from specdec_kernels.selftest.runner import cuda_graph_capture  # noqa: E402
 
 pytestmark = CUDA_KERNEL_MARKS
 
@@ -107,20 +108,6 @@ def test_repeated_calls_reuse_the_workspace():
     assert cached_workspaces_are_zero()
 
 
-def captured(call):
-    """(graph, outputs): call captured in a CUDA graph after a warm-up on a side stream, so that the per-stream
-    workspace exists before the capture."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = call()
-    return graph, outputs
-
-
 @pytest.mark.parametrize("mode", ("uniforms", "seeds"))
 def test_cuda_graph_capture_and_replay(mode):
     gen = torch.Generator(device=DEV).manual_seed(9)
@@ -136,7 +123,7 @@ def test_cuda_graph_capture_and_replay(mode):
     def call():
         return ops.rejection_sample(target, draft, drafts, num_draft_tokens=counts, backend="cuda", **kwargs)
 
-    graph, (static_out, static_acc) = captured(call)
+    (static_out, static_acc), replay = cuda_graph_capture(DEV, call)
     for step in range(4):
         new_t, new_q, new_d = make_probs(batch, g, vocab, torch.float16, gen)
         target.copy_(new_t), draft.copy_(new_q), drafts.copy_(new_d)
@@ -145,7 +132,7 @@ def test_cuda_graph_capture_and_replay(mode):
             kwargs["uniforms"].copy_(uniforms(batch, g, gen, torch.float64))
         else:
             kwargs["offsets"].add_(g + 1)
-        graph.replay()
+        replay()
         want = ops.rejection_sample(target, draft, drafts, num_draft_tokens=counts, backend="torch", **kwargs)
         assert torch.equal(static_out, want[0]) and torch.equal(static_acc, want[1]), step
         eager = call()
@@ -194,13 +181,13 @@ def test_draft_passes_output_in_a_cuda_graph():
     def call():
         return ops.rejection_sample(target, draft, drafts, uniforms=u, draft_passes=passes, backend="cuda")
 
-    graph, _ = captured(call)
+    _, replay = cuda_graph_capture(DEV, call)
     for step in range(3):
         new_t, new_q, new_d = make_probs(batch, g, vocab, torch.float32, gen)
         target.copy_(new_t), draft.copy_(new_q), drafts.copy_(new_d)
         u.copy_(uniforms(batch, g, gen, torch.float32))
         passes.fill_(True)
-        graph.replay()
+        replay()
         _, want = _passes_of("torch", target, draft, drafts, uniforms=u)
         assert torch.equal(passes, want), step
 
@@ -286,18 +273,11 @@ def test_logits_strided_workspace_and_graph():
         return ops.rejection_sample_logits(target, draft, drafts, temperature=temps, seed=77, offsets=offsets,
                                            backend="cuda")
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out, static_acc = call()
+    (static_out, static_acc), replay = cuda_graph_capture(DEV, call)
     for step in range(3):
         offsets.add_(g + 1)
         temps.copy_(torch.rand(batch, generator=gen, device=DEV) + 0.5)
-        graph.replay()
+        replay()
         eager = call()
         assert torch.equal(static_out, eager[0]) and torch.equal(static_acc, eager[1]), step
     assert cached_workspaces_are_zero()
